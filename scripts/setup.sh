@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-shot setup on a fresh machine: system packages, a virtualenv in .venv, the project with
+# every extra. Safe to re-run; each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip
+
+# torch first and pinned: on a CPU machine this is the local CPU wheel, so that the project's
+# `torch<2.14` range is already met and pip never reaches for the CUDA builds.
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
+fi
+"${PIP[@]}" install -e ".[maniskill,vla,math,swanlab,wandb,dev]"
+echo "setup done: $VENV"
