@@ -255,19 +255,22 @@ def _tree_index(tree: Any, rows: torch.Tensor) -> Any:
     return tree[rows]
 
 
-def make_maniskill_env(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> VectorEnv:
-    """``num_envs`` envs of ``env_cfg`` (the registry's ``maniskill`` entry)."""
-    from omegaconf import DictConfig, OmegaConf
+class ManiSkillVectorEnv(VectorEnv):
+    """``num_envs`` envs of ``env_cfg`` (the registry's ``maniskill`` entry); the first has the
+    global index ``seed_offset``."""
 
-    init_params = env_cfg["init_params"]
-    if isinstance(init_params, DictConfig):
-        init_params = OmegaConf.to_container(init_params, resolve=True)
-    p = check_params(init_params)
-    options = read_options(env_cfg, num_envs, seed_offset)
-    steps = options["max_episode_steps"]
-    if p["sim_backend"] == "gpu":
-        sim = ManiSkillGPUSim(p, num_envs, steps)
-    else:
-        sim = SubprocVectorEnv([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
-                               preload=["envs.maniskill"])
-    return VectorEnv(sim, seed_offset=seed_offset, **options)
+    def __init__(self, env_cfg: Any, num_envs: int, seed_offset: int = 0):
+        from omegaconf import DictConfig, OmegaConf
+
+        init_params = env_cfg["init_params"]
+        if isinstance(init_params, DictConfig):
+            init_params = OmegaConf.to_container(init_params, resolve=True)
+        p = check_params(init_params)
+        options = read_options(env_cfg, num_envs, seed_offset)
+        steps = options["max_episode_steps"]
+        if p["sim_backend"] == "gpu":
+            sim = ManiSkillGPUSim(p, num_envs, steps)
+        else:
+            sim = SubprocVectorEnv([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
+                                   preload=["envs.maniskill"])
+        super().__init__(sim, seed_offset=seed_offset, **options)
