@@ -3,4 +3,6 @@
 from embodied.registry import Registry
 
 POLICIES = Registry("model type", "actor.model.model_type", {
+    "mlp": "policies.mlp:MLPPolicy",
+    "cnn": "policies.cnn:CNNPolicy",
 })
