@@ -45,11 +45,16 @@ def test_env_groups_fill_both_splits_from_the_env_schema():
 
 
 def test_resolvers_and_env_interpolation(tmp_path, monkeypatch):
+    """An experiment outside the repo, written as the public reference shows (hydra keys,
+    search path through ${oc.env:REPO_PATH})."""
     monkeypatch.setenv("EMBODIED_TEST_NAME", "from-env")
+    monkeypatch.setenv("REPO_PATH", str(CONFIG_DIR.parent))
     (tmp_path / "exp.yaml").write_text(
         "defaults:\n  - base\n  - env/maniskill_push_cube@env.train\n"
         "  - env/maniskill_push_cube@env.eval\n  - model/mlp@actor.model\n  - _self_\n"
-        f"hydra:\n  searchpath:\n    - file://{CONFIG_DIR}\n"
+        "hydra:\n  run:\n    dir: .\n  output_subdir: null\n"
+        "  searchpath:\n    - file://${oc.env:REPO_PATH}/config/\n"
+        "cluster:\n  component_placement:\n    actor,env,rollout: all\n"
         "runner:\n  experiment_name: ${oc.env:EMBODIED_TEST_NAME}\n  seq_length: 100\n"
         "  max_epochs: ${int_div:${runner.seq_length},7}\n"
         "  save_interval: ${multiply:${runner.max_epochs},3}\n"
