@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from embodied.algorithms.losses import actor_critic_loss, aggregate_loss, ppo_policy_loss, value_loss
+from embodied.algorithms.losses import (
+    actor_critic_loss,
+    aggregate_loss,
+    loss_hyperparameters,
+    ppo_policy_loss,
+    value_loss,
+)
 
 
 def _close(actual, expected):
@@ -186,3 +192,18 @@ def test_early_stop_abandons_micro_batch_when_mean_ratio_too_high():
     _close(metrics["actor/early_stopped"], 1.0)
     loss, metrics = _full(logprobs=torch.log(torch.tensor([[8.0, 8.0], [1.0, 1.0]])), early_stop_imp_ratio=5.0)
     assert loss.item() != 0.0 and metrics["actor/early_stopped"].item() == 0.0
+
+
+def test_loss_hyperparameters_from_config():
+    cfg = dict(
+        ratio_clip_eps=0.2, clip_ratio_low=None, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_func="token-mean",
+        entropy_bonus=0.0, value_clip=None, value_loss_coef=0.5, kl_beta=0.0, kl_penalty_type="low_var_kl",
+        early_stop_imp_ratio=5.0,
+    )
+    hp = loss_hyperparameters(cfg)
+    assert hp["clip_ratio_low"] == 0.2 and hp["clip_ratio_high"] == 0.28  # unset low follows ratio_clip_eps
+    loss, _ = _full(**hp)  # the keys are exactly actor_critic_loss's hyperparameters
+    assert torch.isfinite(loss)
+    del cfg["value_loss_coef"]
+    with pytest.raises(KeyError, match="algorithm.value_loss_coef"):
+        loss_hyperparameters(cfg)

@@ -18,7 +18,13 @@ from embodied.algorithms.levels import (
     steps_to_chunks,
     values_to_steps,
 )
-from embodied.algorithms.losses import actor_critic_loss, aggregate_loss, ppo_policy_loss, value_loss
+from embodied.algorithms.losses import (
+    actor_critic_loss,
+    aggregate_loss,
+    loss_hyperparameters,
+    ppo_policy_loss,
+    value_loss,
+)
 
 __all__ = [
     "actor_critic_loss",
@@ -32,6 +38,7 @@ __all__ = [
     "first_episode_mask",
     "grpo_advantages",
     "kl_penalty",
+    "loss_hyperparameters",
     "nonuniform_group_mask",
     "normalize_advantages",
     "ppo_policy_loss",

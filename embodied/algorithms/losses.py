@@ -8,6 +8,9 @@ drop padding or the stale steps after an episode ended. Metrics are detached 0-d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -186,6 +189,29 @@ def actor_critic_loss(
     stop = early_stop_imp_ratio is not None and bool(metrics["actor/ratio"] > early_stop_imp_ratio)
     if stop:
         loss = loss * 0.0
-    metrics["actor/early_stopped"] = torch.tensor(float(stop))
+    metrics["actor/early_stopped"] = torch.tensor(float(stop), device=loss.device)
     metrics["actor/total_loss"] = loss.detach()
     return loss, metrics
+
+
+_LOSS_KEYS = (
+    "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "value_loss_coef",
+    "kl_beta", "kl_penalty_type", "early_stop_imp_ratio",
+)
+
+
+def loss_hyperparameters(algorithm_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameters of ``actor_critic_loss`` from the ``algorithm`` config.
+
+    ``clip_ratio_low`` / ``clip_ratio_high`` fall back to ``ratio_clip_eps`` when unset (null),
+    so one key gives symmetric clipping and the two others make it asymmetric.
+    """
+    missing = [k for k in ("ratio_clip_eps", *_LOSS_KEYS) if k not in algorithm_cfg]
+    if missing:
+        raise KeyError(f"algorithm config lacks {', '.join('algorithm.' + k for k in missing)}")
+    eps = algorithm_cfg["ratio_clip_eps"]
+    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS}
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = algorithm_cfg.get(key)
+        out[key] = eps if value is None else value
+    return out
