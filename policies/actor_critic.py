@@ -37,7 +37,8 @@ class SmallActorCritic(Policy):
         return layer_init(nn.Linear(self.hidden_dims[-1], width), VALUE_GAIN)
 
     def _values(self, raw: Tensor) -> Tensor:
-        return raw.squeeze(-1) if self.value_type == "chunk_level" else raw
+        # a fresh tensor, not a view: FSDP2 hooks on a returned view break under in-place ops
+        return raw.squeeze(-1).clone() if self.value_type == "chunk_level" else raw
 
     @abstractmethod
     def preprocess(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
