@@ -80,8 +80,10 @@ def check_schema(cfg: DictConfig, config_dir: Path = CONFIG_DIR) -> None:
     if cfg.get("actor", {}).get("model"):
         model_schema = _load(config_dir / "model" / "base.yaml")
         own = config_dir / "model" / f"{model_type}.yaml"
-        if own.exists():
-            model_schema.update(_load(own))
+        if not own.exists():
+            known = sorted(p.stem for p in own.parent.glob("*.yaml") if p.stem != "base")
+            raise ConfigError(f"actor.model.model_type = {model_type!r}: expected one of {known}")
+        model_schema.update(_load(own))
         schema["actor"]["model"] = model_schema
     values = OmegaConf.to_container(cfg, resolve=False)
     _check_node(values, schema, "")
