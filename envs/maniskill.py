@@ -137,7 +137,7 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
     except AssertionError as e:
         if "not in supported modes" in str(e):
             raise EnvSetupError(f"env.init_params.control_mode={p['control_mode']!r} is not "
-                                f"supported by {p['id']}'s robot; {str(e).split(': ', 1)[-1]}") from None
+                                f"supported by {p['id']}'s robot; expected one of {str(e).split(': ', 1)[-1]}") from None
         raise
     except EOFError:
         raise EnvSetupError(f"ManiSkill task {p['id']} (robot {p['robot_uids']}) asked to download "
