@@ -5,8 +5,9 @@
 ``wrist_camera``, and the robot's proprioception plus task extras as ``states``), the
 ``control_mode``, the camera size and ``sim_backend``:
 
-- ``cpu``: ManiSkill's CPU simulation holds one scene per process, so every env runs in its own
-  subprocess (``SubprocVectorEnv``) and the batch steps in parallel on a multi-core machine.
+- ``cpu``: ManiSkill's CPU simulation holds one scene per env, so every env runs in its own
+  subprocess (``SubprocVectorEnv``) and the batch steps in parallel on a multi-core machine; a
+  lone env steps in this process.
 - ``gpu``: ManiSkill's batched GPU simulation, all ``num_envs`` scenes in this process. Written
   against ManiSkill's documented API and not run here (no GPU on the development machines).
 
@@ -50,7 +51,7 @@ import torch  # noqa: E402
 from mani_skill.utils import assets  # noqa: E402
 from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 
-from envs.subproc import SubprocVectorEnv  # noqa: E402
+from envs.subproc import single_env_batch  # noqa: E402
 
 OBS_MODES = ("state", "rgb")
 SIM_BACKENDS = ("cpu", "gpu")
@@ -181,9 +182,6 @@ class ManiSkillEnv:
     num_reset_states = None
 
     def __init__(self, p: dict[str, Any], max_episode_steps: int):
-        # One scene keeps one core busy; torch's default of a thread per core makes the env
-        # processes of a batch spin against each other (two envs then step no faster than one).
-        torch.set_num_threads(1)
         self.p = p
         self.env = _make(p, num_envs=1, max_episode_steps=max_episode_steps)
         self.reset(0)
@@ -275,6 +273,6 @@ class ManiSkillVectorEnv(VectorEnv):
         if p["sim_backend"] == "gpu":
             sim = ManiSkillGPUSim(p, num_envs, steps)
         else:
-            sim = SubprocVectorEnv([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
+            sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
                                    preload=["envs.maniskill"])
         super().__init__(sim, seed_offset=seed_offset, **options)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from envs.episode_stats import EpisodeStats
-from envs.subproc import SubprocVectorEnv
+from envs.subproc import InProcessEnv, SubprocVectorEnv, single_env_batch
 from envs.vector_env import EnvSetupError, VectorEnv
 
 
@@ -250,3 +250,26 @@ def test_failing_env_step_raises_and_close_still_cleans_up(fail, message):
         sim.step_chunk(np.zeros((2, 3, 2), np.float32))
     sim.close()
     assert_gone(pids, name, before)
+
+
+def test_a_lone_env_steps_in_process_exactly_like_a_subprocess_one():
+    def run(sim) -> list[np.ndarray]:
+        """Every array the vector env returns over an episode with an auto-reset."""
+        env = vector_env(sim, auto_reset=True, use_rel_reward=True)
+        arrays = [env.reset([3])["states"][:, :2]]  # state id and step (column 2 is the pid)
+        for _ in range(3):
+            obs, rewards, terms, truncs, infos = env.chunk_step(np.full((1, 3, 2), 0.5))
+            arrays += [obs["states"][:, :2], obs["main_images"], rewards, terms, truncs]
+            arrays += [v for k, v in sorted(infos.items()) if k != "final_obs"]
+        return arrays
+
+    inproc = single_env_batch(make_fns(4))
+    sub = SubprocVectorEnv(make_fns(4))
+    try:
+        assert isinstance(inproc, InProcessEnv)
+        assert inproc.reset(np.array([0]), np.array([1]))["states"][0, 2] == os.getpid()
+        for a, b in zip(run(inproc), run(sub), strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        inproc.close()
+        sub.close()
