@@ -5,10 +5,12 @@ with random actions and reset when their episode ends (the plain way to run N en
 ManiSkill's CPU simulation, which holds one scene per env). Ours: ``make_vector_env`` with the
 same task, observations and number of envs (auto-reset; one subprocess per env, a lone env in
 this process), stepped with ``chunk_step`` chunks of random actions; the row "1 (subprocess)"
-runs a lone env in a subprocess, to show what that form would cost. Every repeat measures every configuration, baseline
-then ours, so that all figures of a repeat share the machine's load of that moment; the table
-holds medians over repeats, and the ratios are medians of the per-repeat ratios. Overhead is
-measured at 1 env; scaling is ours at N envs over the baseline's 1 env.
+runs a lone env in a subprocess, to show what that form would cost.
+
+Every repeat measures every configuration, baseline then ours, so that all figures of a repeat
+share the machine's load of that moment; the table holds medians over repeats, the ratios are
+medians of the per-repeat ratios. Overhead is measured at 1 env; scaling is ours at N envs over
+the baseline's 1 env. The CPU parallelism line says how much of two cores the machine gave.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/env_throughput.py
 """
@@ -128,13 +130,15 @@ def main() -> None:
     rows = []
     for (label, n, chunk), r in rates.items():
         rows.append(dict(
-            label=label, envs=n, chunk=chunk, raw=statistics.median(r["raw"]), ours=statistics.median(r["ours"]),
+            label=label, envs=n, chunk=chunk,
+            raw=statistics.median(r["raw"]), ours=statistics.median(r["ours"]),
             vs_raw=statistics.median(o / b for o, b in zip(r["ours"], r["raw"])),
             vs_raw1=statistics.median(o / b for o, b in zip(r["ours"], base))))
     print(f"{p.id}, state obs, {p.control_mode}, {args.steps} steps/env x {args.repeats} repeats "
           "(medians; env steps/s)")
     print(f"CPU parallelism available (2 busy processes vs 1; before, after): {parallelism}")
-    print(f"{'envs':>14} {'chunk':>5} {'raw loop':>9} {'ours':>8} {'ours/raw':>8} {'ours/raw(1 env)':>15}")
+    print(f"{'envs':>14} {'chunk':>5} {'raw loop':>9} {'ours':>8} {'ours/raw':>8} "
+          f"{'ours/raw(1 env)':>15}")
     for r in rows:
         print(f"{r['label']:>14} {r['chunk']:>5} {r['raw']:>9.0f} {r['ours']:>8.0f} "
               f"{r['vs_raw']:>8.3f} {r['vs_raw1']:>15.3f}")

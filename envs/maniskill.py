@@ -137,13 +137,14 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
         return gym.make(p["id"], **kwargs)
     except AssertionError as e:
         if "not in supported modes" in str(e):
+            supported = str(e).split(": ", 1)[-1]
             raise EnvSetupError(f"env.init_params.control_mode={p['control_mode']!r} is not "
-                                f"supported by {p['id']}'s robot; expected one of {str(e).split(': ', 1)[-1]}") from None
+                                f"supported by {p['id']}'s robot; expected one of {supported}") from None
         raise
     except EOFError:
         raise EnvSetupError(f"ManiSkill task {p['id']} (robot {p['robot_uids']}) asked to download "
-                            "assets; on a machine with internet access run `python -m "
-                            f"mani_skill.utils.download_asset {p['id']}` (or for the robot's id)") from None
+                            "assets; on a machine with internet access run `python -m mani_skill."
+                            f"utils.download_asset {p['id']}` (or the robot's id)") from None
     except RuntimeError as e:
         text = str(e)
         if any(m in text for m in ("vk::", "Vulkan", "physical device", "rendering device")):

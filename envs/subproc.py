@@ -1,17 +1,17 @@
-"""A batch of single-scene simulators, one per subprocess (a ``BatchedSim`` for ``VectorEnv``).
+"""A batch of single-scene simulators (a ``BatchedSim`` for ``VectorEnv``), one per subprocess.
 
 CPU simulators such as ManiSkill's CPU backend or LIBERO's MuJoCo hold one scene per env; on a
 multi-core machine their envs step in parallel only in separate processes. ``single_env_batch``
-picks the form: a lone env steps in the calling process (``InProcessEnv``: a subprocess would
-only add a pipe round trip and two process wake-ups per chunk, about 7 % of a 5-step chunk of
-state-only PushCube), several envs get one subprocess each (``SubprocVectorEnv``). Each child builds its
-env from a picklable factory and writes its observations into one shared-memory block that the
-parent preallocates for the whole batch (arrays are never pickled); the pipe carries only
-commands, actions and per-step scalars, one round trip per chunk, not per step.
+picks the form: several envs get one subprocess each (``SubprocVectorEnv``), a lone env steps in
+the calling process (``InProcessEnv``; a subprocess would only add a pipe round trip and two
+process wake-ups per chunk, about 7 % of a 5-step chunk of state-only PushCube here).
 
-Children start from a forkserver, so the simulator's imports (``preload``) are paid once per
-parent process rather than once per env. ``close()`` (also on errors, on garbage collection and
-at exit) stops every child and unlinks the shared memory; a child whose parent dies sees its
+Each child builds its env from a picklable factory and writes its observations into one
+shared-memory block that the parent preallocates for the whole batch (arrays are never pickled);
+the pipe carries only commands, actions and per-step scalars, one round trip per chunk, not per
+step. Children start from a forkserver, so the simulator's imports (``preload``) are paid once
+per parent process rather than once per env. ``close()`` (also on errors, on garbage collection
+and at exit) stops every child and unlinks the shared memory; a child whose parent dies sees its
 pipe close and exits.
 """
 
@@ -63,7 +63,8 @@ def _layout(spec: ObsSpec, num_envs: int) -> tuple[dict[str, tuple[int, tuple, n
 
 
 def _views(buf: Any, layout: dict[str, tuple[int, tuple, np.dtype]]) -> dict[str, np.ndarray]:
-    return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (off, shape, dtype) in layout.items()}
+    return {k: np.ndarray(shape, dtype, buffer=buf, offset=off)
+            for k, (off, shape, dtype) in layout.items()}
 
 
 # Steps and resets travel as raw bytes, a one-byte tag then the payload: pickling even a small
@@ -149,10 +150,11 @@ class _Resources:
         self.procs, self.conns = [], []
         if self.shm is not None:
             shm, self.shm = self.shm, None
+            shm.unlink()
             try:
                 shm.close()
-            finally:
-                shm.unlink()
+            except BufferError:
+                pass  # a caller still holds a view; the memory goes when that view does
 
 
 class SubprocVectorEnv:
@@ -239,7 +241,8 @@ class SubprocVectorEnv:
     def _died(self, i: int) -> None:
         proc = self._res.procs[i]
         proc.join(timeout=5)
-        raise RuntimeError(f"env process {i} (pid {proc.pid}) died (exit code {proc.exitcode})") from None
+        raise RuntimeError(f"env process {i} (pid {proc.pid}) died "
+                           f"(exit code {proc.exitcode})") from None
 
 
 class InProcessEnv:

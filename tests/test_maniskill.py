@@ -216,7 +216,8 @@ def test_bad_settings_fail_before_any_simulator_starts():
 
 def test_unsupported_control_mode_names_the_supported_ones():
     cfg = load_env_config("maniskill_push_cube", ["init_params.control_mode=pd_ee_twist"])
-    with pytest.raises(EnvSetupError, match=r"control_mode='pd_ee_twist' is not supported.*pd_ee_delta_pose"):
+    with pytest.raises(EnvSetupError,
+                       match=r"control_mode='pd_ee_twist' is not supported.*pd_ee_delta_pose"):
         make_vector_env(cfg, num_envs=1)
 
 

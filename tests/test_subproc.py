@@ -116,7 +116,8 @@ def test_chunk_reports_done_in_last_slot_and_zeroes_rewards_after_it(sim):
     assert infos["episode_length"].tolist() == [4, 6]
     assert infos["success"].tolist() == [True, False]
     assert infos["success_once"].tolist() == [True, False]
-    np.testing.assert_allclose(infos["episode_return"], [0.1 + 0.2 + 0.3 + 0.4, 6 * 1 + 0.1 * 21], rtol=1e-6)
+    np.testing.assert_allclose(infos["episode_return"], [0.1 + 0.2 + 0.3 + 0.4, 6 + 0.1 * 21],
+                               rtol=1e-6)
     assert "final_obs" not in infos
     # without auto_reset a finished env idles: no reward, never done again, figures frozen
     obs, rewards, terms, truncs, infos = env.chunk_step(np.ones((2, 3, 2)))

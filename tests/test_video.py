@@ -47,7 +47,8 @@ GRADIENT_ENV = textwrap.dedent('''
             b, c = actions.shape[:2]
             infos = {"success": np.arange(b) % 2 == 1, "episode_length": np.full(b, c * self.chunks),
                      "done": np.zeros(b, bool)}
-            return self._obs(), np.ones((b, c), np.float32), np.zeros((b, c), bool), np.zeros((b, c), bool), infos
+            done = np.zeros((b, c), bool)
+            return self._obs(), np.ones((b, c), np.float32), done, done.copy(), infos
 
         def close(self):
             self.closed = True
