@@ -99,7 +99,7 @@ class _Host:
 
 
 _LIVE_GROUPS: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
-_CALLS: weakref.WeakSet[GroupCall] = weakref.WeakSet()
+_CALLS: set[GroupCall] = set()  # held until settled, so a call nobody waits on still reports
 
 
 def _watched() -> dict[ray.ObjectRef, tuple[Any, int]]:
@@ -154,7 +154,9 @@ class GroupCall:
             self._results[rank] = ray.get(ref)
             del self._pending[ref]
         except RayActorError as err:
-            self._fail(WorkerError(self.group.name, rank, f"died during {self.method}(): {err}"), err)
+            error = WorkerError(self.group.name, rank, f"died during {self.method}(): {err}")
+            self.group._mark_dead(error)
+            self._fail(error, err)
         except RayTaskError as err:
             cause = err.cause if getattr(err, "cause", None) is not None else err
             what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
@@ -265,9 +267,12 @@ class WorkerGroup:
             detail = "its process exited"
         except RayError as err:
             detail = str(err)
-        self._error = WorkerError(self.name, rank, f"died: {detail}")
-        _LIVE_GROUPS.discard(self)
+        self._mark_dead(WorkerError(self.name, rank, f"died: {detail}"))
         raise self._error
+
+    def _mark_dead(self, error: WorkerError) -> None:
+        self._error = error
+        _LIVE_GROUPS.discard(self)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.worker_cls.__name__}, world_size={self.world_size})"
