@@ -17,8 +17,8 @@ records this); a process on another node reaches it through a Ray actor on that 
 data travels through Ray's object store.
 
 Cleanup: every segment is named ``embch.<creator pid>.<channel id>...``. The process that created
-the channel unlinks them on ``close()`` and at exit (also after an exception or Ctrl-C, and
-whatever killed producers left); creating a channel also removes the segments of channels whose
+the channel unlinks them on ``close()`` and at exit (also after an exception, Ctrl-C or SIGTERM,
+and whatever killed producers left); creating a channel also removes the segments of channels whose
 creator is no longer alive (a driver killed with SIGKILL). Linux only (``/dev/shm``, futex).
 """
 
@@ -34,6 +34,7 @@ import pickle
 import platform
 import re
 import secrets
+import signal
 import struct
 import sys
 import threading
@@ -431,6 +432,7 @@ class Channel:
         channel = cls(name, prefix, bounds, homes, agents)
         channel._owner_pid = os.getpid()
         atexit.register(channel.close)
+        _exit_cleanly_on_sigterm()
         return channel
 
     def __getstate__(self) -> dict:
@@ -626,6 +628,19 @@ class Channel:
         if home is None:
             home = local.homes[key] = ray.get(self._homes.claim.remote(key, here))
         return None if home == here else self._agents[home]
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM (kill, docker stop, Slurm) into SystemExit so that atexit cleanup runs,
+    unless the program has its own handler."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _on(node_id: str) -> NodeAffinitySchedulingStrategy:
