@@ -109,7 +109,9 @@ def plan_placement(
                 )
             components[name] = devices
     if not components:
-        raise PlacementError("cluster.component_placement is empty")
+        raise PlacementError(
+            "cluster.component_placement is empty: expected lines such as 'actor,env,rollout: all'"
+        )
     return PlacementPlan(accelerator, num_nodes, devices_per_node, components, _mode(components))
 
 

@@ -3,4 +3,5 @@
 from embodied.registry import Registry
 
 ENVS = Registry("env type", "env.*.env_type", {
+    "maniskill": "envs.maniskill:ManiSkillVectorEnv",
 })

@@ -1,0 +1,48 @@
+"""RL math as small pure torch functions: advantages (GAE, GRPO), the PPO losses, KL
+estimators, and how chunked env signals line up with log-probs (``levels``)."""
+
+from embodied.algorithms.advantages import (
+    compute_gae,
+    episode_returns,
+    first_episode_mask,
+    grpo_advantages,
+    nonuniform_group_mask,
+    normalize_advantages,
+)
+from embodied.algorithms.kl import kl_penalty
+from embodied.algorithms.levels import (
+    check_levels,
+    chunks_to_steps,
+    expand_like,
+    final_values_to_steps,
+    steps_to_chunks,
+    values_to_steps,
+)
+from embodied.algorithms.losses import (
+    actor_critic_loss,
+    aggregate_loss,
+    loss_hyperparameters,
+    ppo_policy_loss,
+    value_loss,
+)
+
+__all__ = [
+    "actor_critic_loss",
+    "aggregate_loss",
+    "check_levels",
+    "chunks_to_steps",
+    "compute_gae",
+    "episode_returns",
+    "expand_like",
+    "final_values_to_steps",
+    "first_episode_mask",
+    "grpo_advantages",
+    "kl_penalty",
+    "loss_hyperparameters",
+    "nonuniform_group_mask",
+    "normalize_advantages",
+    "ppo_policy_loss",
+    "steps_to_chunks",
+    "value_loss",
+    "values_to_steps",
+]

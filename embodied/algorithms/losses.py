@@ -1,0 +1,217 @@
+"""PPO / GRPO losses: clipped policy loss (with dual clip), clipped value loss, entropy bonus,
+KL penalty, and the masked aggregation that turns per-token losses into one number.
+
+Shapes: dim 0 indexes samples ("sequences": one chunk step of one env, or one text response);
+any further dims are that sample's tokens. Masks are bool/0-1 tensors of the loss's shape and
+drop padding or the stale steps after an episode ended. Metrics are detached 0-dim tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from embodied.algorithms.kl import kl_penalty
+from embodied.algorithms.levels import expand_like
+
+LOSS_AGG_FUNCS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    - ``token-mean``: mean over all valid tokens (every token weighs the same);
+    - ``seq-mean-token-sum``: sum each sample's valid tokens, mean over samples;
+    - ``seq-mean-token-mean``: mean each sample's valid tokens, mean over samples (every
+      sample weighs the same, whatever its length).
+
+    Samples without a valid token are left out of the sample mean; an all-masked batch gives 0
+    (still attached to the graph, so distributed backward passes stay in step).
+    """
+    if loss_agg_func not in LOSS_AGG_FUNCS:
+        raise ValueError(f"algorithm.loss_agg_func must be one of {LOSS_AGG_FUNCS}, got {loss_agg_func!r}")
+    mask = torch.ones_like(loss) if mask is None else mask.to(loss.dtype)
+    if loss_agg_func == "token-mean":
+        return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    per_sample = (loss * mask).reshape(loss.shape[0], -1).sum(dim=1)
+    tokens = mask.reshape(loss.shape[0], -1).sum(dim=1)
+    if loss_agg_func == "seq-mean-token-mean":
+        per_sample = per_sample / tokens.clamp(min=1.0)
+    has_tokens = (tokens > 0).to(loss.dtype)
+    return (per_sample * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+
+
+def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    return aggregate_loss(x, mask, "token-mean")
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_func: str,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate loss of PPO, all inputs of one shape.
+
+    ``ratio = pi / pi_old``; the loss is ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``,
+    i.e. the pessimistic side of the clipped objective. Dual clip (``clip_ratio_c``, > 1) also
+    bounds the loss of negative advantages by ``-A * c``: without it a sample whose ratio has
+    grown far past 1 while its advantage is negative gives an unbounded loss and gradient.
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"algorithm.clip_ratio_c must be > 1 (or null to disable dual clip), got {clip_ratio_c}")
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(loss, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        bound = -advantages * clip_ratio_c
+        dual_clipped = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual_clipped, bound, loss)
+
+    policy_loss = aggregate_loss(loss, mask, loss_agg_func)
+    with torch.no_grad():
+        metrics = {
+            "actor/policy_loss": policy_loss.detach(),
+            # fraction of tokens whose gradient the clip removed
+            "actor/clip_fraction": _masked_mean((clipped > unclipped).to(loss.dtype), mask),
+            "actor/dual_clip_fraction": _masked_mean(dual_clipped.to(loss.dtype), mask),
+            # KL(pi_old || pi) by the k3 estimator on samples of pi_old
+            "actor/approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
+            "actor/ratio": _masked_mean(ratio, mask),
+        }
+    return policy_loss, metrics
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor | None,
+    *,
+    value_clip: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``0.5 * (V - R)^2`` over valid entries; with ``value_clip`` the new value may move at most
+    that far from the rollout's value before the loss stops rewarding it (the pessimistic max of
+    clipped and unclipped errors, as in the PPO paper's code)."""
+    loss = (values - returns).square()
+    clip_fraction = torch.zeros((), device=values.device)
+    if value_clip is not None:
+        clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+        loss = torch.maximum(loss, (clipped_values - returns).square())
+        clip_fraction = _masked_mean(((values - old_values).abs() > value_clip).to(values.dtype), mask)
+    value_loss_ = 0.5 * _masked_mean(loss, mask)
+    with torch.no_grad():
+        returns_var = _masked_mean((returns - _masked_mean(returns, mask)).square(), mask)
+        errors = returns - values
+        error_var = _masked_mean((errors - _masked_mean(errors, mask)).square(), mask)
+        metrics = {
+            "critic/value_loss": value_loss_.detach(),
+            "critic/value_clip_fraction": clip_fraction.detach(),
+            # 1: values explain returns perfectly; <= 0: no better than a constant
+            "critic/explained_variance": 1.0 - error_var / returns_var.clamp(min=1e-8),
+        }
+    return value_loss_, metrics
+
+
+def actor_critic_loss(
+    *,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_func: str,
+    entropy: Tensor | None,
+    entropy_bonus: float,
+    values: Tensor | None,
+    old_values: Tensor | None,
+    returns: Tensor | None,
+    value_clip: float | None,
+    value_loss_coef: float,
+    ref_logprobs: Tensor | None,
+    kl_beta: float,
+    kl_penalty_type: str,
+    early_stop_imp_ratio: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of one micro-batch:
+    ``policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy + kl_beta * kl``.
+
+    ``logprobs`` / ``old_logprobs`` / ``entropy`` / ``ref_logprobs`` are at the log-prob level
+    (``[N]``, ``[N, C]`` or ``[N, C, action_dim]``); ``advantages``, ``mask``, ``values``,
+    ``old_values`` and ``returns`` are per sample at the reward level (``[N]`` or ``[N, C]``)
+    and are broadcast over the finer log-prob dims. Pass ``values=None`` for critic-free
+    GRPO and ``ref_logprobs=None`` for no KL term.
+
+    ``early_stop_imp_ratio``: when the mean importance ratio of the micro-batch exceeds it, the
+    policy has drifted so far from the one that collected the data that the batch is abandoned:
+    the loss is multiplied by 0 (not skipped, so data-parallel ranks still run the same
+    backward and gradient all-reduce) and ``actor/early_stopped`` reports 1.
+    """
+    token_mask = None if mask is None else expand_like(mask, logprobs)
+    loss, metrics = ppo_policy_loss(
+        logprobs,
+        old_logprobs,
+        expand_like(advantages, logprobs),
+        token_mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_func=loss_agg_func,
+    )
+    if values is not None:
+        critic_loss, critic_metrics = value_loss(values, old_values, returns, mask, value_clip=value_clip)
+        loss = loss + value_loss_coef * critic_loss
+        metrics.update(critic_metrics)
+    if entropy is not None:
+        entropy_mask = None if mask is None else expand_like(mask, entropy)
+        mean_entropy = aggregate_loss(entropy, entropy_mask, loss_agg_func)
+        loss = loss - entropy_bonus * mean_entropy
+        metrics["actor/entropy"] = mean_entropy.detach()
+    if ref_logprobs is not None:
+        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, kl_penalty_type), token_mask, loss_agg_func)
+        loss = loss + kl_beta * kl
+        metrics["actor/kl"] = kl.detach()
+
+    stop = early_stop_imp_ratio is not None and bool(metrics["actor/ratio"] > early_stop_imp_ratio)
+    if stop:
+        loss = loss * 0.0
+    metrics["actor/early_stopped"] = torch.tensor(float(stop), device=loss.device)
+    metrics["actor/total_loss"] = loss.detach()
+    return loss, metrics
+
+
+_LOSS_KEYS = (
+    "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "value_loss_coef",
+    "kl_beta", "kl_penalty_type", "early_stop_imp_ratio",
+)
+
+
+def loss_hyperparameters(algorithm_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameters of ``actor_critic_loss`` from the ``algorithm`` config.
+
+    ``clip_ratio_low`` / ``clip_ratio_high`` fall back to ``ratio_clip_eps`` when unset (null),
+    so one key gives symmetric clipping and the two others make it asymmetric.
+    """
+    missing = [k for k in ("ratio_clip_eps", *_LOSS_KEYS) if k not in algorithm_cfg]
+    if missing:
+        raise KeyError(f"algorithm config lacks {', '.join('algorithm.' + k for k in missing)}")
+    eps = algorithm_cfg["ratio_clip_eps"]
+    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS}
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = algorithm_cfg.get(key)
+        out[key] = eps if value is None else value
+    return out

@@ -1,0 +1,115 @@
+"""Checkpoint folders that are either complete or invisible.
+
+A step is written into ``global_step_<N>.partial`` by whoever owns the state (the driver, each
+actor rank) and becomes ``global_step_<N>`` by one atomic rename once everyone has finished, so
+a run killed mid-write leaves nothing that ``latest`` would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+def partial_dir(root: str | Path, step: int) -> Path:
+    """Fresh folder that the writers of step ``step`` fill before ``commit``."""
+    path = Path(root) / f"global_step_{step}.partial"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(root: str | Path, step: int, trainer_state: dict[str, Any], keep: int = -1) -> Path:
+    """Write the driver's state, make the step visible atomically, drop the oldest beyond ``keep``."""
+    root = Path(root)
+    partial = root / f"global_step_{step}.partial"
+    _write_json(partial / TRAINER_STATE, {"step": step, **trainer_state})
+    _fsync_tree(partial)
+    final = root / f"global_step_{step}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    _fsync_dir(root)
+    if keep > 0:
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := STEP_DIR.match(p.name)) and (p / TRAINER_STATE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def resolve(path: str | Path, key: str) -> Path:
+    """A checkpoint named by the user: a step folder, or a folder of steps (the latest wins).
+    ``key`` names the config key in the error."""
+    path = Path(path)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    newest = latest(path)
+    if newest is None:
+        raise FileNotFoundError(
+            f"{key}={str(path)!r}: no complete checkpoint there (expected a global_step_<N> folder "
+            f"holding {TRAINER_STATE}, or a folder of them)"
+        )
+    return newest
+
+
+def read_trainer_state(step_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(step_dir) / TRAINER_STATE).read_text())
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch generators, so a resumed run draws what the uninterrupted one would."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(folder))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

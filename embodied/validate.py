@@ -1,0 +1,211 @@
+"""Semantic checks of a composed config, run before Ray or any worker starts.
+
+Each rule raises ``ConfigError`` naming the key, its value and what was expected, so a bad
+config costs seconds instead of a crashed cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from embodied.config import ConfigError
+from embodied.placement import PlacementError, PlacementPlan, plan_placement
+from envs import ENVS
+from policies import POLICIES
+
+LOGGER_BACKENDS = ("tensorboard", "wandb", "swanlab")
+KL_ESTIMATORS = ("kl", "low_var_kl", "abs", "mse")
+LEVELS = ("token_level", "action_level", "chunk_level")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "runner.task_type": ("embodied", "math"),
+    "algorithm.adv_type": ("gae", "grpo"),
+    "algorithm.loss_type": ("ppo",),
+    "algorithm.loss_agg_func": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "algorithm.kl_penalty": KL_ESTIMATORS,
+    "algorithm.kl_penalty_type": KL_ESTIMATORS,
+    "algorithm.reward_type": ("chunk_level", "action_level"),
+    "algorithm.logprob_type": LEVELS,
+    "algorithm.entropy_type": LEVELS,
+    "rollout.backend": ("huggingface", "sglang", "vllm"),
+    "rollout.mode": ("collocate", "disaggregate"),
+    "actor.training_backend": ("fsdp", "megatron"),
+    "actor.fsdp_config.sharding_strategy": ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard"),
+    "actor.lr_sched.lr_decay_style": ("constant", "linear", "cosine"),
+}
+# key: (lowest allowed, whether the bound itself is allowed, highest allowed or None)
+RANGES: dict[str, tuple[float, bool, float | None]] = {
+    "cluster.num_nodes": (1, True, None),
+    "actor.optim.lr": (0, False, None),
+    "actor.optim.value_lr": (0, False, None),
+    "actor.optim.clip_grad": (0, False, None),
+    "actor.optim.adam_eps": (0, False, None),
+    "actor.optim.weight_decay": (0, True, None),
+    "actor.micro_batch_size": (1, True, None),
+    "actor.global_batch_size": (1, True, None),
+    "algorithm.ratio_clip_eps": (0, False, None),
+    "algorithm.clip_ratio_low": (0, False, None),
+    "algorithm.clip_ratio_high": (0, False, None),
+    "algorithm.clip_ratio_c": (1, False, None),
+    "algorithm.value_clip": (0, False, None),
+    "algorithm.value_loss_coef": (0, True, None),
+    "algorithm.gamma": (0, True, 1),
+    "algorithm.gae_lambda": (0, True, 1),
+    "algorithm.entropy_bonus": (0, True, None),
+    "algorithm.kl_beta": (0, True, None),
+    "algorithm.early_stop_imp_ratio": (1, False, None),
+    "algorithm.group_size": (1, True, None),
+    "algorithm.rollout_epoch": (1, True, None),
+    "algorithm.update_epochs": (1, True, None),
+    "algorithm.n_minibatches": (1, True, None),
+    "algorithm.sampling_params.temperature": (0, False, None),
+    "algorithm.sampling_params.top_p": (0, False, 1),
+    "algorithm.sampling_params.top_k": (1, True, None),
+    "rollout.pipeline_stage_num": (1, True, None),
+    "runner.max_epochs": (1, True, None),
+    "runner.seq_length": (1, True, None),
+    "data.max_prompt_length": (1, True, None),
+    "data.rollout_batch_size": (1, True, None),
+    "actor.model.num_action_chunks": (1, True, None),
+    "actor.model.action_dim": (1, True, None),
+}
+NULLABLE = {
+    "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
+    "algorithm.value_clip",
+}
+ENV_RANGES = {"total_num_envs": 1, "max_episode_steps": 1, "group_size": 1}
+
+
+def validate(cfg: DictConfig) -> PlacementPlan:
+    """Check every rule; return the placement plan the cluster will be launched with."""
+    for key, allowed in CHOICES.items():
+        _choice(cfg, key, allowed)
+    for key, (low, inclusive, high) in RANGES.items():
+        if key.startswith("actor.model.") and not cfg.actor.model:
+            continue
+        _range(cfg, key, low, inclusive, high)
+
+    backends = list(cfg.runner.logger.logger_backends)
+    for backend in backends:
+        if backend not in LOGGER_BACKENDS:
+            _fail("runner.logger.logger_backends", backends, f"backends among {list(LOGGER_BACKENDS)}")
+
+    if cfg.data.max_prompt_length >= cfg.runner.seq_length:
+        _fail("data.max_prompt_length", cfg.data.max_prompt_length,
+              f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
+
+    model = cfg.actor.model
+    if not model:
+        _fail("actor.model", {}, "a model group, e.g. `model/mlp@actor.model` in the defaults list")
+    if model.model_type not in POLICIES:
+        _fail("actor.model.model_type", model.model_type, f"one of {POLICIES.names()}")
+
+    adv = cfg.algorithm.adv_type
+    if adv == "grpo" and cfg.algorithm.group_size < 2:
+        _fail("algorithm.group_size", cfg.algorithm.group_size,
+              "at least 2 with algorithm.adv_type=grpo (advantages are normalized within a group)")
+    if adv == "gae" and not model.add_value_head:
+        _fail("actor.model.add_value_head", model.add_value_head,
+              "true with algorithm.adv_type=gae (PPO needs a value head to bootstrap)")
+
+    plan = _placement(cfg)
+    actor_ranks = plan.world_size("actor")
+    per_step = cfg.actor.micro_batch_size * actor_ranks
+    if cfg.actor.global_batch_size % per_step:
+        _fail("actor.global_batch_size", cfg.actor.global_batch_size,
+              f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
+              f"{actor_ranks} actor rank(s) = {per_step}")
+
+    if cfg.runner.task_type == "embodied":
+        _validate_embodied(cfg, plan)
+    return plan
+
+
+def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
+    chunks = cfg.actor.model.num_action_chunks
+    env_ranks = plan.world_size("env")
+    stages = cfg.rollout.pipeline_stage_num
+    for split in ("train", "eval"):
+        env = cfg.env[split]
+        if not env:
+            _fail(f"env.{split}", {}, f"an env group, e.g. `env/maniskill_push_cube@env.{split}`")
+        if env.env_type not in ENVS:
+            _fail(f"env.{split}.env_type", env.env_type, f"one of {ENVS.names()}")
+        for key, low in ENV_RANGES.items():
+            _range(cfg, f"env.{split}.{key}", low, True, None)
+        if env.max_episode_steps % chunks:
+            _fail(f"env.{split}.max_episode_steps", env.max_episode_steps,
+                  f"a multiple of actor.model.num_action_chunks ({chunks})")
+        unit = env_ranks * stages * env.group_size
+        if env.total_num_envs % unit:
+            _fail(f"env.{split}.total_num_envs", env.total_num_envs,
+                  f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num "
+                  f"({stages}) x env.{split}.group_size ({env.group_size}) = {unit}")
+    train = cfg.env.train
+    if cfg.algorithm.adv_type == "grpo":
+        if not train.use_fixed_reset_state_ids:
+            _fail("env.train.use_fixed_reset_state_ids", False,
+                  "true with algorithm.adv_type=grpo (a group must share its reset state)")
+        if train.group_size != cfg.algorithm.group_size:
+            _fail("env.train.group_size", train.group_size,
+                  f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type=grpo")
+    samples = train.total_num_envs * (train.max_episode_steps // chunks) * cfg.algorithm.rollout_epoch
+    if samples % cfg.actor.global_batch_size:
+        _fail("actor.global_batch_size", cfg.actor.global_batch_size,
+              f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
+              "max_episode_steps / num_action_chunks x algorithm.rollout_epoch)")
+
+
+def devices_per_node(cfg: DictConfig) -> tuple[int, str]:
+    """Devices on each node and their kind: GPUs where torch sees them, else CPU slots."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    accelerator = "gpu" if gpus else "cpu"
+    configured = cfg.cluster.num_gpus_per_node
+    if configured is not None:
+        if configured < 1:
+            _fail("cluster.num_gpus_per_node", configured, "at least 1, or null to detect")
+        return configured, accelerator
+    return (gpus or os.cpu_count() or 1), accelerator
+
+
+def _placement(cfg: DictConfig) -> PlacementPlan:
+    per_node, accelerator = devices_per_node(cfg)
+    lines = OmegaConf.to_container(cfg.cluster.component_placement)
+    try:
+        plan = plan_placement(lines, cfg.cluster.num_nodes, per_node, accelerator)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from None
+    needed = ("actor", "rollout", "env") if cfg.runner.task_type == "embodied" else ("actor", "rollout")
+    for component in needed:
+        if component not in plan.components:
+            _fail("cluster.component_placement", lines, f"a line that places {component!r}")
+    return plan
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, str) and key == "actor.training_backend":
+        value = value.lower()
+    if value not in allowed:
+        _fail(key, value, f"one of {list(allowed)}")
+
+
+def _range(cfg: DictConfig, key: str, low: float, inclusive: bool, high: float | None) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and key in NULLABLE:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value >= low if inclusive else value > low) and (high is None or value <= high)
+    if not ok:
+        bound = f">= {low}" if inclusive else f"> {low}"
+        if high is not None:
+            bound += f" and <= {high}"
+        _fail(key, value, f"a number {bound}")
+
+
+def _fail(key: str, value: Any, expected: str) -> None:
+    raise ConfigError(f"{key} = {value!r}: expected {expected}")

@@ -1,0 +1,80 @@
+"""``act`` / ``evaluate`` shared by the small policies (MLP, CNN).
+
+A subclass turns raw observations into tensors (``preprocess``, whose output is stored as
+``forward_inputs``) and computes the action distribution and values from them
+(``distribution_and_values``); everything else is the same for both.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.distributions import Distribution
+
+from policies.action_heads import VALUE_GAIN, build_action_head, layer_init
+from policies.base import ActOutput, EvaluateOutput, Policy, model_option
+
+
+class SmallActorCritic(Policy):
+    def __init__(self, cfg: Mapping[str, Any]):
+        super().__init__(cfg)
+        self.add_value_head = bool(model_option(cfg, "add_value_head"))
+        self.hidden_dims = [int(w) for w in model_option(cfg, "hidden_dims")]
+        if not self.hidden_dims or min(self.hidden_dims) < 1:
+            raise ValueError(f"actor.model.hidden_dims must be a non-empty list of widths, got {self.hidden_dims}")
+
+    def _make_action_head(self, cfg: Mapping[str, Any]) -> nn.Module:
+        return build_action_head(cfg, self.hidden_dims[-1], self.num_action_chunks, self.action_dim)
+
+    def _value_output(self) -> nn.Linear:
+        """Last critic layer: one value per chunk, or one per action of the chunk."""
+        width = self.num_action_chunks if self.value_type == "action_level" else 1
+        return layer_init(nn.Linear(self.hidden_dims[-1], width), VALUE_GAIN)
+
+    def _values(self, raw: Tensor) -> Tensor:
+        # a fresh tensor, not a view: FSDP2 hooks on a returned view break under in-place ops
+        return raw.squeeze(-1).clone() if self.value_type == "chunk_level" else raw
+
+    @abstractmethod
+    def preprocess(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
+        """Batched obs (numpy or torch) -> the tensors the model reads, on the model's device."""
+
+    @abstractmethod
+    def distribution_and_values(self, inputs: Mapping[str, Tensor]) -> tuple[Distribution, Tensor | None]:
+        """Action distribution over ``[B, C, action_dim]`` and values (None without critic)."""
+
+    @torch.no_grad()
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+        # no_grad rather than inference_mode: forward_inputs are reused in training's autograd
+        inputs = self.preprocess(obs)
+        dist, values = self.distribution_and_values(inputs)
+        actions = self.action_head.sample(dist, do_sample)
+        return ActOutput(actions, self.action_head.log_prob(dist, actions), values, inputs)
+
+    def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
+        dist, values = self.distribution_and_values(forward_inputs)
+        actions = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
+        return EvaluateOutput(self.action_head.log_prob(dist, actions), dist.entropy(), values)
+
+
+def obs_tensor(obs: Mapping[str, Any], key: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> Tensor:
+    """A fresh copy of ``obs[key]`` (channels may reuse their buffers, and forward_inputs must
+    outlive them) whose trailing dims must equal ``shape``; one clear error if not."""
+    if key not in obs:
+        raise KeyError(f"the policy reads obs[{key!r}] {list(shape)} per env; the env gave {sorted(obs)}")
+    value = obs[key]
+    if isinstance(value, Tensor):
+        x = value.to(device=device, dtype=dtype, copy=True)
+    else:
+        x = torch.tensor(np.asarray(value), dtype=dtype, device=device)
+    if tuple(x.shape[1:]) != shape:
+        raise ValueError(
+            f"obs[{key!r}] has shape {list(x.shape)}, expected [B, {', '.join(map(str, shape))}] "
+            "(check actor.model against the env)"
+        )
+    return x

@@ -1,0 +1,98 @@
+"""The policy interface every model in ``policies/`` implements (see DESIGN.md).
+
+Rollout calls ``act(obs)`` under no_grad and stores its ``forward_inputs`` and ``actions``;
+training calls ``evaluate(forward_inputs, actions)`` (also reachable as ``policy(...)``, so
+FSDP's forward hooks fire) to recompute log-probs with gradients. Log-probs and entropies come
+per token, ``[B, num_action_chunks, action_dim]`` (a token is one action dim: a bin index for
+discretized actions, one coordinate for Gaussian ones); ``reduce_logprobs`` sums them to the
+level of ``algorithm.logprob_type`` / ``entropy_type``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+LOGPROB_LEVELS = ("token_level", "action_level", "chunk_level")
+VALUE_TYPES = ("chunk_level", "action_level")
+VALUE_HEAD = "value_head"  # attribute name of the critic part, which trains with optim.value_lr
+
+
+@dataclass
+class ActOutput:
+    actions: Tensor  # [B, C, action_dim] float32: what the env executes
+    logprobs: Tensor  # [B, C, action_dim] per-token log-probs of those actions
+    values: Tensor | None  # [B] (value_type chunk_level) or [B, C] (action_level); None without critic
+    forward_inputs: dict[str, Tensor]  # everything evaluate() needs besides the actions
+
+
+@dataclass
+class EvaluateOutput:
+    logprobs: Tensor  # [B, C, action_dim]
+    entropy: Tensor  # [B, C, action_dim]
+    values: Tensor | None
+
+
+def reduce_logprobs(logprobs: Tensor, level: str) -> Tensor:
+    """Per-token ``[B, C, action_dim]`` -> ``token_level`` (unchanged), ``action_level``
+    (``[B, C]``, joint over an action's dims) or ``chunk_level`` (``[B]``, joint over the chunk).
+    Tokens are sampled independently given the observation, so joint log-probs are sums."""
+    if level == "token_level":
+        return logprobs
+    if level == "action_level":
+        return logprobs.sum(dim=-1)
+    if level == "chunk_level":
+        return logprobs.sum(dim=(-2, -1))
+    raise ValueError(f"algorithm.logprob_type must be one of {LOGPROB_LEVELS}, got {level!r}")
+
+
+def model_option(cfg: Mapping[str, Any], key: str) -> Any:
+    """``cfg[key]`` of ``actor.model``, or one clear error naming the missing key."""
+    if key not in cfg or cfg[key] is None:
+        raise KeyError(f"actor.model.{key} is required by model_type {cfg.get('model_type')!r}")
+    return cfg[key]
+
+
+class Policy(nn.Module, ABC):
+    """Base of all policies: the shape contract and the common config keys."""
+
+    def __init__(self, cfg: Mapping[str, Any]):
+        super().__init__()
+        self.action_dim = int(model_option(cfg, "action_dim"))
+        self.num_action_chunks = int(model_option(cfg, "num_action_chunks"))
+        if self.action_dim < 1 or self.num_action_chunks < 1:
+            raise ValueError(
+                "actor.model.action_dim and num_action_chunks must be >= 1, got "
+                f"{self.action_dim} and {self.num_action_chunks}"
+            )
+        self.value_type = model_option(cfg, "value_type")
+        if self.value_type not in VALUE_TYPES:
+            raise ValueError(f"actor.model.value_type must be one of {VALUE_TYPES}, got {self.value_type!r}")
+
+    @abstractmethod
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+        """Choose actions for a batch of observations (sampled, or greedy with ``do_sample=False``)."""
+
+    @abstractmethod
+    def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
+        """Log-probs, entropy and values of ``actions`` given stored ``forward_inputs``, with grad."""
+
+    def forward(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
+        return self.evaluate(forward_inputs, actions)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+def split_value_parameters(policy: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """``(policy_params, value_params)``: the value head trains with its own ``optim.value_lr``."""
+    value, rest = [], []
+    for name, param in policy.named_parameters():
+        (value if VALUE_HEAD in name.split(".") else rest).append(param)
+    return rest, value
