@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
+bash scripts/setup_vulkan.sh  # a CPU Vulkan device (Mesa 25 lavapipe) for ManiSkill
+
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi

@@ -1,0 +1,276 @@
+"""ManiSkill3 tasks behind the vector-env interface (``env_type: maniskill``).
+
+``init_params`` (see config/env/maniskill_*.yaml) pick the task by ``id``, ``obs_mode``
+(``state``: ``states`` only; ``rgb``: ``main_images``, ``wrist_images`` when the robot carries
+``wrist_camera``, and the robot's proprioception plus task extras as ``states``), the
+``control_mode``, the camera size and ``sim_backend``:
+
+- ``cpu``: ManiSkill's CPU simulation holds one scene per process, so every env runs in its own
+  subprocess (``SubprocVectorEnv``) and the batch steps in parallel on a multi-core machine.
+- ``gpu``: ManiSkill's batched GPU simulation, all ``num_envs`` scenes in this process. Written
+  against ManiSkill's documented API and not run here (no GPU on the development machines).
+
+SAPIEN needs a Vulkan device even for state observations. On a machine without a GPU that is
+Mesa 25's lavapipe, which ``scripts/setup_vulkan.sh`` unpacks into ``/opt/lavapipe`` (or
+``$LAVAPIPE_DIR``): when that exists and the user has chosen no Vulkan driver
+(``VK_ICD_FILENAMES`` / ``VK_DRIVER_FILES``), importing this module points the Vulkan loader at
+it, before SAPIEN creates its Vulkan instance, in this process and in every env process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.vector_env import EnvSetupError, VectorEnv, read_options
+
+LAVAPIPE_ICD = Path(os.environ.get("LAVAPIPE_DIR", "/opt/lavapipe")) / "lvp_icd.json"
+
+
+def select_vulkan_driver() -> bool:
+    """Use the lavapipe of scripts/setup_vulkan.sh unless a Vulkan driver was chosen; True when
+    lavapipe (a CPU device) is the driver."""
+    chosen = os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES")
+    if not chosen and LAVAPIPE_ICD.is_file():
+        os.environ["VK_ICD_FILENAMES"] = chosen = str(LAVAPIPE_ICD)
+    return bool(chosen) and "lvp" in Path(chosen.split(os.pathsep)[0]).name
+
+
+select_vulkan_driver()
+
+import gymnasium as gym  # noqa: E402  (after the Vulkan driver is chosen)
+import mani_skill.envs  # noqa: E402,F401  (registers the tasks)
+import torch  # noqa: E402
+from mani_skill.utils import assets  # noqa: E402
+from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
+
+from envs.subproc import SubprocVectorEnv  # noqa: E402
+
+OBS_MODES = ("state", "rgb")
+SIM_BACKENDS = ("cpu", "gpu")
+PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
+          "camera_heights", "camera_widths", "main_camera", "wrist_camera")
+
+# Instructions for VLA prompts, in the words of each task's success condition.
+TASK_DESCRIPTIONS = {
+    "PushCube-v1": "push the blue cube onto the red and white target",
+    "PullCube-v1": "pull the cube back onto the red and white target",
+    "PickCube-v1": "pick up the red cube and move it to the green goal",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "StackPyramid-v1": "stack the three cubes into a pyramid",
+    "PokeCube-v1": "use the peg to push the cube onto the goal",
+    "PullCubeTool-v1": "use the tool to pull the cube closer",
+    "LiftPegUpright-v1": "lift the peg lying on the table into an upright pose",
+    "PegInsertionSide-v1": "insert the peg into the hole of the box",
+    "PlugCharger-v1": "plug the charger into the receptacle",
+    "PlaceSphere-v1": "place the sphere into the bin",
+    "RollBall-v1": "push the ball so that it rolls into the goal region",
+    "PushT-v1": "push the T-shaped block onto the T-shaped target",
+}
+
+
+def task_description(task_id: str) -> str:
+    """The instruction for ``task_id``; tasks without one get their id in words."""
+    if task_id in TASK_DESCRIPTIONS:
+        return TASK_DESCRIPTIONS[task_id]
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", task_id.rsplit("-", 1)[0])
+    return words.lower()
+
+
+def check_params(init_params: Any) -> dict[str, Any]:
+    """``env.init_params`` as a plain dict, with one clear error for each thing a user can get
+    wrong before any simulator starts."""
+    missing = [k for k in PARAMS if k not in init_params]
+    if missing:
+        raise EnvSetupError(f"env.init_params lacks {missing} (see config/env/maniskill_push_cube.yaml)")
+    p = {k: init_params[k] for k in PARAMS}
+    task_id = p["id"]
+    if task_id not in REGISTERED_ENVS:
+        close = difflib.get_close_matches(str(task_id), list(REGISTERED_ENVS), n=3)
+        raise EnvSetupError(f"env.init_params.id={task_id!r} is not a ManiSkill task"
+                            + (f"; did you mean {close}?" if close else "")
+                            + " (python -c 'import mani_skill.envs; from mani_skill.utils."
+                              "registration import REGISTERED_ENVS; print(sorted(REGISTERED_ENVS))'"
+                              " lists them)")
+    if p["obs_mode"] not in OBS_MODES:
+        raise EnvSetupError(f"env.init_params.obs_mode={p['obs_mode']!r}: expected one of {OBS_MODES}")
+    if p["sim_backend"] not in SIM_BACKENDS:
+        raise EnvSetupError(f"env.init_params.sim_backend={p['sim_backend']!r}: expected one of "
+                            f"{SIM_BACKENDS}")
+    for key in ("camera_heights", "camera_widths"):
+        if not (isinstance(p[key], int) and p[key] > 0):
+            raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected a positive integer")
+    missing_assets = []
+    for asset_id in REGISTERED_ENVS[task_id].asset_download_ids or []:
+        ids = (assets.expand_data_group_into_individual_data_source_ids(asset_id)
+               if asset_id in assets.DATA_GROUPS else [asset_id])
+        missing_assets += [i for i in ids if not assets.is_data_source_downloaded(i)]
+    if missing_assets:
+        raise EnvSetupError(f"ManiSkill task {task_id} needs assets that are not downloaded "
+                            f"({missing_assets[:5]}); on a machine with internet access run "
+                            f"`python -m mani_skill.utils.download_asset {task_id}`")
+    return p
+
+
+def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
+    """``gym.make`` for these params, turning ManiSkill's failures into clear messages."""
+    lavapipe = select_vulkan_driver()
+    kwargs: dict[str, Any] = dict(
+        num_envs=num_envs, obs_mode=p["obs_mode"], control_mode=p["control_mode"],
+        reward_mode=p["reward_mode"], sim_backend=p["sim_backend"],
+        max_episode_steps=max_episode_steps,
+    )
+    if lavapipe or not torch.cuda.is_available():
+        kwargs["render_backend"] = "cpu"
+    if p["robot_uids"] is not None:
+        kwargs["robot_uids"] = p["robot_uids"]
+    if p["obs_mode"] == "rgb":
+        kwargs["sensor_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
+    try:
+        return gym.make(p["id"], **kwargs)
+    except AssertionError as e:
+        if "not in supported modes" in str(e):
+            raise EnvSetupError(f"env.init_params.control_mode={p['control_mode']!r} is not "
+                                f"supported by {p['id']}'s robot; {str(e).split(': ', 1)[-1]}") from None
+        raise
+    except EOFError:
+        raise EnvSetupError(f"ManiSkill task {p['id']} (robot {p['robot_uids']}) asked to download "
+                            "assets; on a machine with internet access run `python -m "
+                            f"mani_skill.utils.download_asset {p['id']}` (or for the robot's id)") from None
+    except RuntimeError as e:
+        text = str(e)
+        if any(m in text for m in ("vk::", "Vulkan", "physical device", "rendering device")):
+            raise EnvSetupError(
+                f"ManiSkill needs a Vulkan device and SAPIEN found none ({text}). Without a GPU: "
+                "run `sudo bash scripts/setup_vulkan.sh` (Mesa 25 lavapipe into /opt/lavapipe, "
+                "picked up automatically); with an NVIDIA GPU: install its driver's Vulkan ICD; "
+                "or set VK_ICD_FILENAMES to a working driver's json") from None
+        raise
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def extract_obs(raw: Any, p: dict[str, Any]) -> dict[str, np.ndarray]:
+    """DESIGN.md's observation arrays from a batched ManiSkill observation."""
+    if p["obs_mode"] == "state":
+        return {"states": _to_numpy(raw).astype(np.float32)}
+    sensors = raw["sensor_data"]
+    if p["main_camera"] not in sensors:
+        raise EnvSetupError(f"env.init_params.main_camera={p['main_camera']!r} is not a camera of "
+                            f"{p['id']}; it has {sorted(sensors)}")
+    out = {"main_images": _to_numpy(sensors[p["main_camera"]]["rgb"])}
+    if p["wrist_camera"] in sensors:
+        out["wrist_images"] = _to_numpy(sensors[p["wrist_camera"]]["rgb"])
+    parts = [_to_numpy(v).reshape(out["main_images"].shape[0], -1).astype(np.float32)
+             for group in ("agent", "extra") for v in raw.get(group, {}).values()]
+    out["states"] = np.concatenate(parts, axis=1)
+    return out
+
+
+class ManiSkillEnv:
+    """One ManiSkill scene on the CPU simulation: the ``SingleEnv`` of an env subprocess."""
+
+    num_reset_states = None
+
+    def __init__(self, p: dict[str, Any], max_episode_steps: int):
+        self.p = p
+        self.env = _make(p, num_envs=1, max_episode_steps=max_episode_steps)
+        first = self.reset(0)
+        self.obs_spec = {k: (v.shape, v.dtype) for k, v in first.items()}
+        self.action_dim = int(np.prod(self.env.action_space.shape))
+        self.task_description = task_description(p["id"])
+
+    def reset(self, state_id: int) -> dict[str, np.ndarray]:
+        obs, _ = self.env.reset(seed=state_id)
+        return {k: v[0] for k, v in extract_obs(obs, self.p).items()}
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool]:
+        obs, reward, terminated, _, info = self.env.step(action)
+        return ({k: v[0] for k, v in extract_obs(obs, self.p).items()}, float(reward),
+                bool(terminated), bool(info["success"]))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ManiSkillGPUSim:
+    """All envs in ManiSkill's batched GPU simulation (a ``BatchedSim``). Unverified here."""
+
+    num_reset_states = None
+
+    def __init__(self, p: dict[str, Any], num_envs: int, max_episode_steps: int):
+        if not torch.cuda.is_available():
+            raise EnvSetupError("env.init_params.sim_backend=gpu needs a CUDA GPU and none is "
+                                "visible; use sim_backend: cpu")
+        self.p = p
+        self.num_envs = num_envs
+        self.env = _make(p, num_envs=num_envs, max_episode_steps=max_episode_steps)
+        self.device = self.env.unwrapped.device
+        self.action_dim = int(np.prod(self.env.unwrapped.single_action_space.shape))
+        self.task_descriptions = [task_description(p["id"])] * num_envs
+
+    def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
+        # GPU tasks draw a whole partial reset from one seed, so envs that were given the same
+        # state id get their leader's state copied over afterwards.
+        idx = torch.as_tensor(env_ids, device=self.device)
+        obs, _ = self.env.reset(seed=int(state_ids[0]), options={"env_idx": idx})
+        _, first = np.unique(state_ids, return_index=True)
+        followers = np.setdiff1d(np.arange(len(env_ids)), first)
+        if len(followers):
+            leader_of = {s: env_ids[i] for i, s in zip(first, state_ids[first])}
+            rows = torch.as_tensor([leader_of[s] for s in state_ids[followers]], device=self.device)
+            states = _tree_index(self.env.unwrapped.get_state_dict(), rows)
+            obs, _ = self.env.reset(options={
+                "env_idx": torch.as_tensor(env_ids[followers], device=self.device),
+                "reset_to_env_states": {"env_states": states},
+            })
+        return extract_obs(obs, self.p)
+
+    def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                        np.ndarray, np.ndarray]:
+        rewards, terminated, success = [], [], []
+        for t in range(actions.shape[1]):
+            obs, r, term, _, info = self.env.step(torch.as_tensor(actions[:, t], device=self.device))
+            rewards.append(_to_numpy(r).astype(np.float32))
+            terminated.append(_to_numpy(term).astype(bool))
+            success.append(_to_numpy(info["success"]).astype(bool))
+        return (extract_obs(obs, self.p), np.stack(rewards, 1), np.stack(terminated, 1),
+                np.stack(success, 1))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _tree_index(tree: Any, rows: torch.Tensor) -> Any:
+    if isinstance(tree, dict):
+        return {k: _tree_index(v, rows) for k, v in tree.items()}
+    return tree[rows]
+
+
+class ManiSkillVectorEnv(VectorEnv):
+    """``num_envs`` envs of ``env_cfg`` (the registry's ``maniskill`` entry); the first has the
+    global index ``seed_offset``."""
+
+    def __init__(self, env_cfg: Any, num_envs: int, seed_offset: int = 0):
+        from omegaconf import DictConfig, OmegaConf
+
+        init_params = env_cfg["init_params"]
+        if isinstance(init_params, DictConfig):
+            init_params = OmegaConf.to_container(init_params, resolve=True)
+        p = check_params(init_params)
+        options = read_options(env_cfg, num_envs, seed_offset)
+        steps = options["max_episode_steps"]
+        if p["sim_backend"] == "gpu":
+            sim = ManiSkillGPUSim(p, num_envs, steps)
+        else:
+            sim = SubprocVectorEnv([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
+                                   preload=["envs.maniskill"])
+        super().__init__(sim, seed_offset=seed_offset, **options)

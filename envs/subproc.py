@@ -1,0 +1,214 @@
+"""A batch of single-scene simulators, one per subprocess (a ``BatchedSim`` for ``VectorEnv``).
+
+CPU simulators such as ManiSkill's CPU backend or LIBERO's MuJoCo hold one scene per process; on a
+multi-core machine their envs step in parallel only in separate processes. Each child builds its
+env from a picklable factory and writes its observations into one shared-memory block that the
+parent preallocates for the whole batch (arrays are never pickled); the pipe carries only
+commands, actions and per-step scalars, one round trip per chunk, not per step.
+
+Children start from a forkserver, so the simulator's imports (``preload``) are paid once per
+parent process rather than once per env. ``close()`` (also on errors, on garbage collection and
+at exit) stops every child and unlinks the shared memory; a child whose parent dies sees its
+pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+import weakref
+from multiprocessing import shared_memory
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from envs.vector_env import EnvSetupError
+
+ObsSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+class SingleEnv(Protocol):
+    """One scene, as a child process holds it."""
+
+    obs_spec: ObsSpec  # observation key -> (shape without batch, dtype)
+    action_dim: int
+    num_reset_states: int | None
+    task_description: str
+
+    def reset(self, state_id: int) -> dict[str, np.ndarray]: ...
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool]:
+        """Returns the observation, reward, terminated and success after one step."""
+
+    def close(self) -> None: ...
+
+
+def _layout(spec: ObsSpec, num_envs: int) -> tuple[dict[str, tuple[int, tuple, np.dtype]], int]:
+    """Byte offset, batched shape and dtype of every observation key in the shared block."""
+    offsets, size = {}, 0
+    for key, (shape, dtype) in spec.items():
+        dtype = np.dtype(dtype)
+        shape = (num_envs, *shape)
+        offsets[key] = (size, shape, dtype)
+        size += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64
+    return offsets, max(size, 64)
+
+
+def _views(buf: Any, layout: dict[str, tuple[int, tuple, np.dtype]]) -> dict[str, np.ndarray]:
+    return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (off, shape, dtype) in layout.items()}
+
+
+def _child(index: int, env_fn: Callable[[], SingleEnv], conn: Any) -> None:
+    """A child's whole life: build the env, attach to the shared block, serve commands."""
+    env = shm = None
+    try:
+        env = env_fn()
+        conn.send(("ready", (env.obs_spec, env.action_dim, env.num_reset_states, env.task_description)))
+        cmd, (name, layout) = conn.recv()
+        shm = shared_memory.SharedMemory(name=name)
+        rows = {k: v[index] for k, v in _views(shm.buf, layout).items()}
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "close":
+                break
+            if cmd == "reset":
+                obs = env.reset(arg)
+                reply = None
+            else:  # "chunk": arg is actions [C, A]
+                steps = [env.step(a) for a in arg]
+                obs = steps[-1][0]
+                reply = np.array([s[1:] for s in steps], dtype=np.float64)
+            for key, row in rows.items():
+                row[...] = obs[key]
+            conn.send(("ok", reply))
+        del rows
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass  # the parent is gone or stopping us
+    except BaseException as exc:
+        try:
+            user_error = exc if isinstance(exc, EnvSetupError) else None
+            conn.send(("error", (user_error, traceback.format_exc())))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if shm is not None:
+            shm.close()
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+        conn.close()
+
+
+class _Resources:
+    """Everything that must not outlive the vector env; ``release`` is safe to call twice."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.shm: shared_memory.SharedMemory | None = None
+
+    def release(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        if self.shm is not None:
+            shm, self.shm = self.shm, None
+            try:
+                shm.close()
+            finally:
+                shm.unlink()
+
+
+class SubprocVectorEnv:
+    """``len(env_fns)`` single-scene envs, each in its own process, stepped together."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = ()):
+        if not env_fns:
+            raise ValueError("SubprocVectorEnv needs at least one env factory")
+        self.num_envs = len(env_fns)
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, self._res.release)
+        self._obs: dict[str, np.ndarray] | None = None
+        try:
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["envs.subproc", *preload])
+            for i, fn in enumerate(env_fns):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_child, args=(i, fn, child), daemon=True,
+                                   name=f"env-{i}")
+                proc.start()
+                child.close()
+                self._res.procs.append(proc)
+                self._res.conns.append(parent)
+            specs = [self._recv(i) for i in range(self.num_envs)]
+            obs_spec, self.action_dim, self.num_reset_states, _ = specs[0]
+            for i, spec in enumerate(specs[1:], 1):
+                if spec[:3] != specs[0][:3]:
+                    raise ValueError(f"env {i} differs from env 0 in observations, action size or "
+                                     f"reset states: {spec[:3]} vs {specs[0][:3]}")
+            self.task_descriptions = [s[3] for s in specs]
+            layout, size = _layout(obs_spec, self.num_envs)
+            self._res.shm = shared_memory.SharedMemory(create=True, size=size)
+            self._obs = _views(self._res.shm.buf, layout)
+            for conn in self._res.conns:
+                conn.send(("attach", (self._res.shm.name, layout)))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._res.procs]
+
+    @property
+    def shm_name(self) -> str | None:
+        return self._res.shm.name if self._res.shm is not None else None
+
+    def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
+        for i, s in zip(env_ids, state_ids):
+            self._res.conns[i].send(("reset", int(s)))
+        for i in env_ids:
+            self._recv(i)
+        return self._copy_obs()
+
+    def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                        np.ndarray, np.ndarray]:
+        for conn, a in zip(self._res.conns, actions):
+            conn.send(("chunk", a))
+        per_env = np.stack([self._recv(i) for i in range(self.num_envs)])  # [B, C, 3]
+        rewards = per_env[..., 0].astype(np.float32)
+        return self._copy_obs(), rewards, per_env[..., 1] > 0, per_env[..., 2] > 0
+
+    def close(self) -> None:
+        self._obs = None  # drop the views into the shared block before it is closed
+        self._finalizer()
+
+    def _copy_obs(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self._obs.items()}
+
+    def _recv(self, i: int) -> Any:
+        try:
+            status, payload = self._res.conns[i].recv()
+        except (EOFError, OSError):
+            proc = self._res.procs[i]
+            proc.join(timeout=5)
+            raise RuntimeError(f"env process {i} (pid {proc.pid}) died "
+                               f"(exit code {proc.exitcode})") from None
+        if status == "error":
+            user_error, tb = payload
+            if user_error is not None:
+                raise user_error
+            raise RuntimeError(f"env process {i} failed:\n{tb}")
+        return payload

@@ -1,0 +1,263 @@
+"""The vector-env interface of DESIGN.md and the episode bookkeeping every simulator shares.
+
+A simulator adapter only has to step a batch of envs (a ``BatchedSim``: ManiSkill's GPU sim, or
+``SubprocVectorEnv`` over one-scene processes); ``VectorEnv`` puts the reference options on top
+(chunked steps, time limit, terminations, auto-reset, reset states and groups, relative rewards,
+reward scaling, success tracking) so that they mean the same thing for every simulator.
+
+Chunk semantics (``chunk_step(actions[B, C, A])``):
+
+- All ``C`` actions are executed for every env. An env whose episode ends inside the chunk (success
+  or failure unless ``ignore_terminations``, or ``max_episode_steps`` reached) gets reward 0 for
+  the rest of the chunk, and its termination / truncation is reported in the chunk's last slot.
+- ``infos`` describe each env's episode as it stood at the end of the chunk, before any reset:
+  ``success`` (at the episode's last step so far), ``success_once`` (at any step),
+  ``episode_return`` (sum of the rewards returned), ``episode_length`` (env steps) and ``done``
+  (the episode ended in this chunk). For a finished env these are the final episode's figures.
+- With ``auto_reset`` the finished envs are reset once, after the chunk; the returned
+  observation is then the new episode's first one and ``infos["final_obs"]`` holds the whole
+  batch's observation before that reset. Without it a finished env idles (still simulated,
+  reward 0, never done again, figures frozen) until the next ``reset()``.
+
+Reset states: a reset state id picks an episode's initial state (a seed for ManiSkill, an init
+state for LIBERO). Without explicit ids each env draws its next id from a stream keyed by
+``(seed, stream, episode number)``, where the stream is the env's global index
+(``seed_offset + i``), or its group's index with ``use_fixed_reset_state_ids`` so that every
+env of a group starts each episode from the same state, also after auto-resets.
+
+Relative rewards: ``r'_t = r_t - r_{t-1}`` within an episode with ``r'_0 = 0``, so an episode's
+relative rewards sum to its last absolute reward minus its first; ``reward_coef`` multiplies after.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+Obs = dict[str, Any]
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+
+
+class EnvSetupError(ValueError):
+    """A problem the user can fix (config value, missing system part); its message says how."""
+
+
+class BatchedSim(Protocol):
+    """What ``VectorEnv`` needs from a simulator: a fixed batch of envs stepped together."""
+
+    num_envs: int
+    action_dim: int
+    num_reset_states: int | None  # reset state ids are in [0, num_reset_states); None: 2**31
+    task_descriptions: list[str]
+
+    def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Reset ``env_ids`` to ``state_ids``; returns the observation arrays of all envs."""
+
+    def step_chunk(
+        self, actions: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        """Execute ``actions[B, C, A]``; returns the observation after the last step and, per
+        step, ``rewards[B, C]`` (float), ``terminated[B, C]`` and ``success[B, C]`` (bool)."""
+
+    def close(self) -> None: ...
+
+
+_OPTIONS = ("auto_reset", "ignore_terminations", "use_fixed_reset_state_ids", "group_size",
+            "max_episode_steps", "use_rel_reward", "reward_coef", "seed")
+
+
+def read_options(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> dict[str, Any]:
+    """The reference options of an env config, checked against this vector env's size, with one
+    clear error for a missing or bad value (before any simulator starts)."""
+    missing = [k for k in _OPTIONS if k not in env_cfg]
+    if missing:
+        raise EnvSetupError(f"env config lacks {missing}; env group files start with "
+                            "`defaults: [base, _self_]` to inherit config/env/base.yaml")
+    options = {k: env_cfg[k] for k in _OPTIONS}
+    check_options(options, num_envs, seed_offset)
+    return options
+
+
+def check_options(options: dict[str, Any], num_envs: int, seed_offset: int) -> None:
+    group_size, steps = options["group_size"], options["max_episode_steps"]
+    if not (isinstance(group_size, int) and group_size >= 1 and num_envs % group_size == 0):
+        raise EnvSetupError(f"env.group_size={group_size!r} must be a positive divisor of the "
+                            f"{num_envs} envs of this vector env")
+    if options["use_fixed_reset_state_ids"] and seed_offset % group_size:
+        raise EnvSetupError(f"seed_offset={seed_offset} splits a group of env.group_size="
+                            f"{group_size}; groups must not span workers or stages")
+    if not (isinstance(steps, int) and steps >= 1):
+        raise EnvSetupError(f"env.max_episode_steps={steps!r}: expected a positive integer")
+
+
+class VectorEnv:
+    """Chunked stepping, episodes, reset states and rewards over a ``BatchedSim``."""
+
+    def __init__(self, sim: BatchedSim, *, auto_reset: bool, ignore_terminations: bool,
+                 use_fixed_reset_state_ids: bool, group_size: int, max_episode_steps: int,
+                 use_rel_reward: bool, reward_coef: float, seed: int, seed_offset: int = 0):
+        n = sim.num_envs
+        try:
+            check_options(dict(group_size=group_size, max_episode_steps=max_episode_steps,
+                               use_fixed_reset_state_ids=use_fixed_reset_state_ids), n, seed_offset)
+        except BaseException:
+            sim.close()
+            raise
+        self.sim = sim
+        self.num_envs = n
+        self.action_dim = sim.action_dim
+        self.auto_reset = bool(auto_reset)
+        self.ignore_terminations = bool(ignore_terminations)
+        self.use_fixed_reset_state_ids = bool(use_fixed_reset_state_ids)
+        self.group_size = group_size
+        self.max_episode_steps = max_episode_steps
+        self.use_rel_reward = bool(use_rel_reward)
+        self.reward_coef = float(reward_coef)
+        self.seed = int(seed)
+        self.seed_offset = int(seed_offset)
+        self._num_states = sim.num_reset_states or 2**31
+        self._episode_index = np.full(n, -1, np.int64)
+        self._length = np.zeros(n, np.int32)
+        self._return = np.zeros(n, np.float32)
+        self._success = np.zeros(n, bool)
+        self._success_once = np.zeros(n, bool)
+        self._prev_reward = np.zeros(n, np.float32)
+        self._idle = np.zeros(n, bool)
+        self._started = False
+
+    @property
+    def task_descriptions(self) -> list[str]:
+        return list(self.sim.task_descriptions)
+
+    def reset(self, reset_state_ids: np.ndarray | list[int] | None = None) -> Obs:
+        """Start a new episode in every env, from ``reset_state_ids`` (one per env) if given."""
+        env_ids = np.arange(self.num_envs)
+        self._episode_index += 1
+        if reset_state_ids is None:
+            state_ids = self._next_state_ids(env_ids)
+        else:
+            state_ids = np.asarray(reset_state_ids)
+            if (state_ids.shape != (self.num_envs,) or state_ids.dtype.kind not in "iu"
+                    or state_ids.min() < 0 or state_ids.max() >= self._num_states):
+                raise ValueError(f"reset_state_ids: expected {self.num_envs} integers in "
+                                 f"[0, {self._num_states}), got {reset_state_ids!r}")
+        obs = self.sim.reset(env_ids, state_ids)
+        self._start_episodes(env_ids)
+        self._idle[:] = False
+        self._started = True
+        return self._with_tasks(obs)
+
+    def chunk_step(self, actions: np.ndarray) -> tuple[Obs, np.ndarray, np.ndarray, np.ndarray,
+                                                        dict[str, Any]]:
+        """Execute ``actions[B, C, A]``; see the module docstring for what comes back."""
+        if not self._started:
+            raise RuntimeError("chunk_step before reset(): call reset() first")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[0] != self.num_envs or actions.shape[2] != self.action_dim:
+            raise ValueError(f"actions: expected shape [{self.num_envs}, chunk, {self.action_dim}], "
+                             f"got {list(actions.shape)}")
+        obs, raw_rewards, raw_terminated, raw_success = self.sim.step_chunk(actions)
+        b, chunk = actions.shape[:2]
+        rewards = np.zeros((b, chunk), np.float32)
+        ended = self._idle.copy()
+        terminated = np.zeros(b, bool)
+        truncated = np.zeros(b, bool)
+        for t in range(chunk):
+            live = ~ended
+            r = raw_rewards[:, t].astype(np.float32)
+            first = live & (self._length == 0)
+            if self.use_rel_reward:
+                step_reward = np.where(first, 0.0, r - self._prev_reward)
+            else:
+                step_reward = r
+            self._prev_reward[live] = r[live]
+            rewards[live, t] = step_reward[live] * self.reward_coef
+            self._return[live] += rewards[live, t]
+            self._length[live] += 1
+            self._success[live] = raw_success[live, t]
+            self._success_once[live] |= raw_success[live, t]
+            term = live & raw_terminated[:, t].astype(bool) & (not self.ignore_terminations)
+            trunc = live & (self._length >= self.max_episode_steps)
+            terminated |= term
+            truncated |= trunc
+            ended |= term | trunc
+        done = terminated | truncated
+        terminations = np.zeros((b, chunk), bool)
+        truncations = np.zeros((b, chunk), bool)
+        terminations[:, -1] = terminated
+        truncations[:, -1] = truncated
+        infos: dict[str, Any] = {
+            "success": self._success.copy(),
+            "success_once": self._success_once.copy(),
+            "episode_return": self._return.copy(),
+            "episode_length": self._length.copy(),
+            "done": done,
+        }
+        if self.auto_reset and done.any():
+            infos["final_obs"] = self._with_tasks({k: v.copy() for k, v in obs.items()})
+            env_ids = np.flatnonzero(done)
+            self._episode_index[env_ids] += 1
+            obs = self.sim.reset(env_ids, self._next_state_ids(env_ids))
+            self._start_episodes(env_ids)
+        else:
+            self._idle |= done
+        return self._with_tasks(obs), rewards, terminations, truncations, infos
+
+    def close(self) -> None:
+        self.sim.close()
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start_episodes(self, env_ids: np.ndarray) -> None:
+        self._length[env_ids] = 0
+        self._return[env_ids] = 0.0
+        self._success[env_ids] = False
+        self._success_once[env_ids] = False
+        self._prev_reward[env_ids] = 0.0
+
+    def _next_state_ids(self, env_ids: np.ndarray) -> np.ndarray:
+        streams = self.seed_offset + env_ids
+        if self.use_fixed_reset_state_ids:
+            streams = streams // self.group_size
+        return np.array([
+            np.random.default_rng([self.seed, int(s), int(k)]).integers(self._num_states)
+            for s, k in zip(streams, self._episode_index[env_ids])
+        ], dtype=np.int64)
+
+    def _with_tasks(self, obs: dict[str, np.ndarray]) -> Obs:
+        return {**obs, "task_descriptions": list(self.sim.task_descriptions)}
+
+
+def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> Any:
+    """The vector env an env worker owns: ``num_envs`` envs of ``env_cfg.env_type``, the first of
+    which has global index ``seed_offset``, wrapped in a video recorder when
+    ``env_cfg.video_cfg.save_video`` is on."""
+    from envs import ENVS
+
+    if not (isinstance(num_envs, int) and num_envs >= 1):
+        raise EnvSetupError(f"num_envs={num_envs!r}: expected a positive integer")
+    env = ENVS.get(env_cfg["env_type"])(env_cfg, num_envs=num_envs, seed_offset=seed_offset)
+    if env_cfg["video_cfg"]["save_video"]:
+        from envs.video import VideoRecorder
+
+        try:
+            env = VideoRecorder.from_config(env, env_cfg, name=f"envs{seed_offset}")
+        except BaseException:
+            env.close()
+            raise
+    return env
+
+
+def load_env_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Compose one group file of ``config/env`` on its own (with its defaults), e.g. for tests,
+    benchmarks and scripts that run an env without a whole experiment config."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR / "env"), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))

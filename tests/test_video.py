@@ -1,0 +1,135 @@
+"""VideoRecorder on a small in-process vector env whose frames are known exactly (the real
+ManiSkill recording is in test_maniskill.py): tiling, one frame per reset and chunk, a new file
+per reset, the info overlay, and playable files when a run dies with an exception."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import imageio
+import numpy as np
+import pytest
+
+from envs.vector_env import EnvSetupError
+from envs.video import VideoRecorder, tile_frames
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GRADIENT_ENV = textwrap.dedent('''
+    import numpy as np
+
+    class GradientEnv:
+        """A vector env (reset / chunk_step) whose env i shows a flat image of gray 40 * i + 10 *
+        step; chunk_step raises at chunk ``fail_at``."""
+
+        action_dim = 1
+
+        def __init__(self, num_envs, size=(32, 48), fail_at=None):
+            self.num_envs, self.size, self.fail_at, self.chunks = num_envs, size, fail_at, 0
+
+        def _obs(self):
+            gray = (40 * np.arange(self.num_envs) + 10 * self.chunks) % 256
+            images = np.broadcast_to(gray[:, None, None, None], (self.num_envs, *self.size, 3))
+            return {"main_images": images.astype(np.uint8),
+                    "task_descriptions": ["reach the goal"] * self.num_envs}
+
+        def reset(self, reset_state_ids=None):
+            self.chunks = 0
+            return self._obs()
+
+        def chunk_step(self, actions):
+            self.chunks += 1
+            if self.chunks == self.fail_at:
+                raise RuntimeError("simulator failed")
+            b, c = actions.shape[:2]
+            infos = {"success": np.arange(b) % 2 == 1, "episode_length": np.full(b, c * self.chunks),
+                     "done": np.zeros(b, bool)}
+            return self._obs(), np.ones((b, c), np.float32), np.zeros((b, c), bool), np.zeros((b, c), bool), infos
+
+        def close(self):
+            self.closed = True
+''')
+namespace: dict = {}
+exec(GRADIENT_ENV, namespace)
+GradientEnv = namespace["GradientEnv"]
+
+
+def read(path: Path) -> np.ndarray:
+    return np.stack(imageio.mimread(path, memtest=False))
+
+
+def test_tiles_envs_in_a_padded_grid_with_wrist_images_beside_main():
+    main = np.stack([np.full((10, 12, 3), 50 * (i + 1), np.uint8) for i in range(3)])
+    frame = tile_frames({"main_images": main})
+    assert frame.shape == (32, 32, 3)  # 2 x 2 grid of 10 x 12 tiles, padded to 16s
+    assert frame[0, 0, 0] == 50 and frame[0, 12, 0] == 100 and frame[10, 0, 0] == 150
+    assert not frame[10:, 12:].any() and not frame[20:].any() and not frame[:, 24:].any()
+    both = tile_frames({"main_images": main[:1], "wrist_images": main[1:2]})
+    assert both.shape == (16, 32, 3) and both[0, 0, 0] == 50 and both[0, 12, 0] == 100
+
+
+def test_one_frame_per_reset_and_chunk_and_one_file_per_reset(tmp_path):
+    with VideoRecorder(GradientEnv(2), tmp_path, info_on_video=False, name="train") as env:
+        env.reset()
+        for _ in range(4):
+            env.chunk_step(np.zeros((2, 3, 1)))
+        env.reset()
+        env.chunk_step(np.zeros((2, 3, 1)))
+    assert [p.name for p in env.paths] == ["train_0000.mp4", "train_0001.mp4"]
+    first, second = read(env.paths[0]), read(env.paths[1])
+    assert first.shape == (5, 32, 96, 3) and second.shape == (2, 32, 96, 3)
+    # env 1 is the right tile; gray 40 + 10 * chunk (up to h264's small error)
+    np.testing.assert_allclose(first[:, 16, 72, 0], [40, 50, 60, 70, 80], atol=3)
+    np.testing.assert_allclose(first[:, 16, 24, 0], [0, 10, 20, 30, 40], atol=3)
+    assert env.env.closed
+
+
+def test_info_overlay_draws_on_each_tile(tmp_path):
+    plain = VideoRecorder(GradientEnv(2, (48, 64)), tmp_path / "plain", info_on_video=False)
+    info = VideoRecorder(GradientEnv(2, (48, 64)), tmp_path / "info", info_on_video=True)
+    for env in (plain, info):
+        env.reset()
+        env.chunk_step(np.zeros((2, 3, 1)))
+        env.close()
+    a, b = read(plain.paths[0]).astype(int), read(info.paths[0]).astype(int)
+    for x in (0, 64):  # yellow text in the top left corner of both tiles, on the dark images
+        assert (b[:, :36, x:x + 48, 0] > 150).mean() > 0.05
+    assert not (a[..., 0] > 150).any()
+    assert np.abs(a[:, 40:, 50:64] - b[:, 40:, 50:64]).mean() < 3  # elsewhere unchanged
+
+
+def test_exception_inside_a_step_leaves_a_playable_file(tmp_path):
+    env = VideoRecorder(GradientEnv(3, fail_at=3), tmp_path)
+    env.reset()
+    env.chunk_step(np.zeros((3, 2, 1)))
+    env.chunk_step(np.zeros((3, 2, 1)))
+    with pytest.raises(RuntimeError, match="simulator failed"):
+        env.chunk_step(np.zeros((3, 2, 1)))
+    assert read(env.paths[0]).shape == (3, 64, 96, 3)
+
+
+def test_run_that_dies_with_an_exception_leaves_a_playable_file(tmp_path):
+    script = GRADIENT_ENV + textwrap.dedent(f'''
+        from envs.video import VideoRecorder
+        env = VideoRecorder(GradientEnv(4), {str(tmp_path)!r})
+        env.reset()
+        for _ in range(6):
+            env.chunk_step(np.zeros((4, 2, 1)))
+        raise SystemError("the run failed outside the env")
+    ''')
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 1 and "the run failed outside the env" in run.stderr
+    assert read(tmp_path / "envs_0000.mp4").shape == (7, 64, 96, 3)
+
+
+def test_state_only_env_is_refused_clearly(tmp_path):
+    class StateEnv(GradientEnv):
+        def _obs(self):
+            return {"states": np.zeros((self.num_envs, 3), np.float32)}
+
+    with pytest.raises(EnvSetupError, match="save_video needs camera observations"):
+        VideoRecorder(StateEnv(1), tmp_path).reset()
