@@ -63,6 +63,11 @@ class Runner:
         self._maybe_resume()
         last = cfg.max_steps if cfg.max_steps > 0 else cfg.max_epochs
         summary: dict[str, Any] = {}
+        if cfg.val_before_train and self.step == 0:
+            self.sync_weights()
+            metrics = self.evaluate()
+            self.logger.log(metrics, 0)
+            summary["eval_success_before"] = metrics["eval/success_once"]
         bar = tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         while self.step < last:
             self.step += 1
@@ -71,14 +76,14 @@ class Runner:
                 metrics.update(self.evaluate())
                 summary["eval_success"] = metrics["eval/success_once"]
             self.logger.log(metrics, self.step)
-            if self.step % cfg.save_interval == 0 if cfg.save_interval > 0 else self.step == last:
+            if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
                 self.save()
             bar.update(1)
             bar.set_postfix(env_steps=self.env_steps, steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
                             success=f"{metrics.get('train/success_once', float('nan')):.2f}")
         bar.close()
-        if cfg.save_interval > 0 and self.step % cfg.save_interval:
-            self.save()
+        if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
+            self.save()  # the final weights are always kept
         return summary | self._totals()
 
     def train_step(self) -> dict[str, float]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from embodied import checkpoint
 from embodied.config import ConfigError
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from envs import ENVS
@@ -118,6 +119,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
               f"{actor_ranks} actor rank(s) = {per_step}")
 
+    if cfg.runner.only_eval:
+        _checkpoint(cfg, "runner.ckpt_path")
+    if cfg.runner.resume_dir not in (None, "auto"):
+        _checkpoint(cfg, "runner.resume_dir")
     if cfg.runner.task_type == "embodied":
         _validate_embodied(cfg, plan)
     return plan
@@ -143,7 +148,17 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
                   f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num "
                   f"({stages}) x env.{split}.group_size ({env.group_size}) = {unit}")
+    rollout_ranks, actor_ranks = plan.world_size("rollout"), plan.world_size("actor")
+    if env_ranks % rollout_ranks:
+        _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
+              f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
+              "rank serves whole env ranks")
     train = cfg.env.train
+    shard = train.total_num_envs // actor_ranks
+    if train.total_num_envs % actor_ranks or shard % train.group_size:
+        _fail("env.train.total_num_envs", train.total_num_envs,
+              f"a multiple of {actor_ranks} actor rank(s) x env.train.group_size ({train.group_size}) "
+              "so that every actor rank trains on whole groups")
     if cfg.algorithm.adv_type == "grpo":
         if not train.use_fixed_reset_state_ids:
             _fail("env.train.use_fixed_reset_state_ids", False,
@@ -184,6 +199,16 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
         if component not in plan.components:
             _fail("cluster.component_placement", lines, f"a line that places {component!r}")
     return plan
+
+
+def _checkpoint(cfg: DictConfig, key: str) -> None:
+    path = OmegaConf.select(cfg, key)
+    if path is None:
+        _fail(key, None, "a checkpoint folder (global_step_<N>, or the folder holding them)")
+    try:
+        checkpoint.resolve(path, key)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
