@@ -172,11 +172,16 @@ def from_pretrained(
 
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # AutoTokenizer warns that config.json is no tokenizer's model type
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot load a tokenizer from {path}: {e}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -156,24 +156,21 @@ class VLAConfig:
         return out
 
 
-VALUE_TYPES = ("chunk_level", "action_level")
 PRECISIONS = ("fp32", "bf16", "fp16")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """``actor.model`` keys this policy reads (defaults live in config/model/openvla_oft.yaml)."""
+    """The ``actor.model`` keys this policy reads besides the common ones of ``policies.base``
+    (defaults live in config/model/openvla_oft.yaml)."""
 
     model_path: str
-    action_dim: int
-    num_action_chunks: int
     use_proprio: bool
     unnorm_key: str | None
-    value_type: str
     add_value_head: bool
     value_head_hidden_sizes: tuple[int, ...]
     center_crop: bool
-    do_sample: bool
     temperature: float
     top_k: int
     precision: str
@@ -182,6 +179,7 @@ class PolicyOptions:
     lora_path: str | None
     num_images_in_input: int
     attn_implementation: str
+    gradient_checkpointing: bool
     max_prompt_length: int
     normalize_gripper: bool
     invert_gripper: bool
@@ -191,35 +189,36 @@ class PolicyOptions:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> PolicyOptions:
-        """Read ``actor.model``; keys of the reference config this policy has no use for are ignored."""
         values = {}
         for f in fields(cls):
             if f.name not in cfg:
                 raise ConfigError(f"actor.model.{f.name} is missing (see config/model/openvla_oft.yaml)")
             values[f.name] = cfg[f.name]
+        if not values["model_path"]:
+            raise ConfigError("actor.model.model_path is required: an OpenVLA(-OFT) checkpoint folder")
         values["value_head_hidden_sizes"] = tuple(int(x) for x in values["value_head_hidden_sizes"])
         if values["image_size"] is not None:
             values["image_size"] = tuple(int(x) for x in values["image_size"])
-        opts = cls(**values)
-        opts._validate()
-        return opts
+        options = cls(**values)
+        options._validate()
+        return options
 
     def _validate(self) -> None:
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
-        if self.value_type not in VALUE_TYPES:
-            raise bad("value_type", f"one of {list(VALUE_TYPES)}")
         if self.precision not in PRECISIONS:
             raise bad("precision", f"one of {list(PRECISIONS)}")
-        for key in ("action_dim", "num_action_chunks", "num_images_in_input", "max_prompt_length"):
+        if self.attn_implementation not in ATTENTIONS:
+            raise bad("attn_implementation", f"one of {list(ATTENTIONS)}")
+        for key in ("num_images_in_input", "max_prompt_length"):
             if int(getattr(self, key)) < 1:
                 raise bad(key, "a positive integer")
         if self.is_lora and self.lora_rank < 1:
             raise bad("lora_rank", "a positive integer when is_lora is true")
+        if not self.is_lora and self.lora_path:
+            raise bad("lora_path", "null when is_lora is false")
         if self.temperature <= 0:
             raise bad("temperature", "a positive number")
         if self.top_k < 0:
-            raise bad("top_k", "0 (no top-k) or a positive integer")
-        if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
-            raise bad("attn_implementation", "one of ['sdpa', 'eager', 'flash_attention_2']")
+            raise bad("top_k", "0 (keep all bins) or a positive integer")

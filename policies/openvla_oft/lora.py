@@ -1,8 +1,9 @@
 """LoRA for RL fine-tuning, and the small state dict that carries it from actor to rollout.
 
 Adapters go on every linear layer that does work: the Llama attention and MLP projections, the
-vision projector and the ViT attention/MLP layers (OFT fine-tunes "all-linear" the same way; the
-LM head, the unused SigLIP pooling head and the proprio projector stay frozen). Alpha follows
+vision projector and the ViT attention/MLP layers of the blocks that run (OFT fine-tunes
+"all-linear" much the same way; the LM head, the unused SigLIP pooling head and last ViT blocks,
+and the proprio projector stay frozen). Alpha follows
 OFT's ``min(rank, 16)``. Adapters are saved and read in peft's folder format, so an OFT LoRA
 checkpoint (``lora_path``) loads, strictly: any adapter tensor without a home is an error.
 """
@@ -23,13 +24,20 @@ from policies.openvla_oft.model import OpenVLAOFT
 ADAPTER_DIR = "lora_adapter"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-TARGET_MODULES = (
-    r"(language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
-    r"|projector\.fc\d"
-    r"|vision_backbone\.(fused_)?featurizer\.blocks\.\d+\.(attn\.(qkv|proj)|mlp\.fc[12]))"
-)
 # Everything the actor trains and the rollout needs after an update: adapters and value head.
 VALUE_HEAD_PREFIX = "value_head."
+
+
+def target_modules(model: OpenVLAOFT) -> str:
+    """peft's target regex: LLM projections, projector, and ViT blocks except each backbone's
+    last (never run: features come from the second-to-last block)."""
+    vits = [
+        rf"vision_backbone\.{name}\.blocks\.(?!{len(vit.blocks) - 1}\.)\d+\.(attn\.(qkv|proj)|mlp\.fc[12])"
+        for name, vit in (("featurizer", model.vision_backbone.featurizer), ("fused_featurizer", model.vision_backbone.fused_featurizer))
+        if vit is not None
+    ]
+    llm = r"language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+    return "(" + "|".join([llm, r"projector\.fc\d", *vits]) + ")"
 
 
 def apply_lora(model: OpenVLAOFT, rank: int, lora_path: str | Path | None = None) -> PeftModel:
@@ -40,7 +48,7 @@ def apply_lora(model: OpenVLAOFT, rank: int, lora_path: str | Path | None = None
             r=rank,
             lora_alpha=min(rank, 16),
             lora_dropout=0.0,
-            target_modules=TARGET_MODULES,
+            target_modules=target_modules(model),
             init_lora_weights="gaussian",
         )
         return get_peft_model(model, config)
