@@ -543,3 +543,22 @@ def test_bf16_policy_on_cuda_agrees_with_evaluate(ckpt):
     out = policy.act(make_obs(4))
     new = policy(out.forward_inputs, out.actions)
     assert torch.allclose(new.logprobs.cpu(), out.logprobs, atol=1e-2)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(ckpt):
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = build_policy(tiny_cfg(ckpt, gradient_checkpointing=checkpointing))
+        policy.train()
+        calls = []
+        policy.core.language_model.model.layers[0].input_layernorm.register_forward_hook(lambda *_: calls.append(1))
+        torch.manual_seed(1)
+        out = policy.act(make_obs(2))
+        new = policy(out.forward_inputs, out.actions)
+        (new.logprobs.sum() + new.values.sum()).backward()
+        assert len(calls) == (3 if checkpointing else 2)  # act, evaluate (+ recompute in backward)
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name

@@ -75,7 +75,7 @@ class OpenVLAOFTPolicy(Policy):
         self.tokenizer = checkpoint.load_tokenizer(options.model_path)
         self._check_matches_checkpoint(vla, self.tokenizer, options)
         if options.gradient_checkpointing:
-            vla.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            vla.language_model.activation_checkpointing_enable({"use_reentrant": False})
         self.vla = apply_lora(vla, options.lora_rank, options.lora_path) if options.is_lora else vla
 
         norm_stats = vla.config.norm_stats

@@ -35,9 +35,5 @@ class ProprioProjector(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Linear(llm_dim, llm_dim)
 
-    @property
-    def proprio_dim(self) -> int:
-        return self.fc1.in_features
-
     def forward(self, proprio: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(proprio)))
