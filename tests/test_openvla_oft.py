@@ -460,7 +460,7 @@ def test_lora_targets_trainables_and_adapter_round_trip(ckpt, tmp_path):
         apply_lora(from_pretrained(tmp_path / "rl"), 8, tmp_path / "rl" / "lora_adapter")
 
 
-def _fsdp_rank(rank: int, port: int, ckpt: str, results) -> None:
+def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:
     import os
 
     import torch.distributed as dist
@@ -490,6 +490,8 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, results) -> None:
         with torch.no_grad():
             trained = actor(out.forward_inputs, out.actions)
         frozen_after = dict(actor.named_parameters())[frozen_name].full_tensor()
+        actor.save_pretrained(save_dir)  # collective; rank 0 writes
+        dist.barrier()
         result = {
             "finite": bool(torch.isfinite(loss)),
             "only_adapters": all(".lora_" in k or k.startswith("value_head.") for k in synced),
@@ -509,6 +511,13 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, results) -> None:
                 torch.allclose(synced_out.logprobs, trained.logprobs, atol=1e-5)
                 and torch.allclose(synced_out.values, trained.values, atol=1e-5)
             )
+            reloaded = build_policy(tiny_cfg(save_dir, use_proprio=True, lora_path=f"{save_dir}/lora_adapter"))
+            with torch.no_grad():
+                reloaded_out = reloaded(out.forward_inputs, out.actions)
+            result["saved_matches"] = bool(
+                torch.allclose(reloaded_out.logprobs, trained.logprobs, atol=1e-5)
+                and torch.allclose(reloaded_out.values, trained.values, atol=1e-5)
+            )
             result["sync_bytes"] = sum(v.numel() * v.element_size() for v in synced.values())
             result["model_bytes"] = sum(v.numel() * v.element_size() for v in rollout.state_dict().values())
         results[rank] = result
@@ -516,7 +525,7 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, results) -> None:
         dist.destroy_process_group()
 
 
-def test_lora_under_fsdp2_trains_and_syncs_only_adapters(ckpt):
+def test_lora_under_fsdp2_trains_syncs_only_adapters_and_saves(ckpt, tmp_path):
     import socket
 
     import torch.multiprocessing as mp
@@ -526,13 +535,13 @@ def test_lora_under_fsdp2_trains_and_syncs_only_adapters(ckpt):
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_fsdp_rank, args=(port, str(ckpt), results), nprocs=2)
+        mp.spawn(_fsdp_rank, args=(port, str(ckpt), str(tmp_path / "saved"), results), nprocs=2)
         results = dict(results)
     for rank in (0, 1):
         r = results[rank]
         assert r["finite"] and r["only_adapters"] and r["lora_b_changed"] and r["head_changed"], r
         assert r["frozen_unchanged"], r
-    assert results[0]["stale_differs"] and results[0]["rollout_matches"], results[0]
+    assert results[0]["stale_differs"] and results[0]["rollout_matches"] and results[0]["saved_matches"], results[0]
     assert results[0]["sync_bytes"] < 0.25 * results[0]["model_bytes"]
 
 

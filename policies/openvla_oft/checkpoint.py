@@ -184,6 +184,13 @@ def load_tokenizer(path: str | Path):
         hf_logging.set_verbosity(verbosity)
 
 
+def is_writer() -> bool:
+    """Whether this process writes files: under torch.distributed every rank gathers, rank 0 writes."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain CPU tensor (gathers FSDP2-sharded DTensors; every rank must call)."""
     if hasattr(t, "full_tensor"):
@@ -203,10 +210,15 @@ def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: OpenVLAOFT, path: str | Path, *, tokenizer=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
-    """Write ``model`` in the layout ``from_pretrained`` reads (and OpenVLA tools expect)."""
+    """Write ``model`` in the layout ``from_pretrained`` reads (and OpenVLA tools expect).
+
+    Under FSDP2 every rank must call it (it gathers shards); rank 0 writes.
+    """
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     state = base_state_dict(model)
+    if not is_writer():
+        return
+    path.mkdir(parents=True, exist_ok=True)
     proprio = {k.removeprefix(PROPRIO_PREFIX): v for k, v in state.items() if k.startswith(PROPRIO_PREFIX)}
     weights = {k: v.contiguous() for k, v in state.items() if not k.startswith(PROPRIO_PREFIX)}
     shards: list[dict[str, torch.Tensor]] = [{}]

@@ -130,7 +130,7 @@ class VLAConfig:
         text = dict(_require(raw, "text_config", source))
         if text.get("model_type", "llama") != "llama":
             raise ConfigError(f"{source}: text_config.model_type {text['model_type']!r} is not supported; expected 'llama'")
-        _require(text, "vocab_size", source)
+        _require(text, "vocab_size", f"{source} text_config")
         text.pop("model_type", None)
         text.pop("torch_dtype", None)
         text_config = LlamaConfig(**text)

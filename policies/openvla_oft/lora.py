@@ -17,7 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file
 from torch import nn
 
-from policies.openvla_oft.checkpoint import CheckpointError, check_keys, full_tensor
+from policies.openvla_oft.checkpoint import CheckpointError, check_keys, full_tensor, is_writer
 from policies.openvla_oft.config import ConfigError
 from policies.openvla_oft.model import OpenVLAOFT
 
@@ -68,9 +68,9 @@ def apply_lora(model: OpenVLAOFT, rank: int, lora_path: str | Path | None = None
 
 
 def save_adapter(peft_model: PeftModel, path: str | Path) -> None:
-    """Write the adapters in peft's format (gathers FSDP2 shards: every rank must call)."""
+    """Write the adapters in peft's format (gathers FSDP2 shards: every rank must call; rank 0 writes)."""
     state = {name: full_tensor(p) for name, p in peft_model.named_parameters() if ".lora_" in name}
-    peft_model.save_pretrained(str(path), state_dict=state)
+    peft_model.save_pretrained(str(path), state_dict=state, is_main_process=is_writer())
 
 
 def _is_synced(name: str) -> bool:

@@ -94,6 +94,12 @@ class OpenVLAOFTPolicy(Policy):
             if "proprio" not in stats:
                 raise ConfigError(f"actor.model.use_proprio is true but norm_stats[{self.unnorm_key!r}] has no 'proprio'")
             self.proprio_stats = stats["proprio"]
+            expected = vla.proprio_projector.fc1.in_features
+            if len(self.proprio_stats["q01"]) != expected:
+                raise ConfigError(
+                    f"norm_stats[{self.unnorm_key!r}].proprio has {len(self.proprio_stats['q01'])} dimensions "
+                    f"but the proprio projector in {options.model_path} takes {expected}"
+                )
 
         self.value_head = None
         if options.add_value_head:
@@ -226,7 +232,7 @@ class OpenVLAOFTPolicy(Policy):
     def save_pretrained(self, path: str | Path) -> None:
         """The checkpoint layout (base weights), plus ``lora_adapter/`` and the value head.
 
-        Under FSDP2 every rank must call it (it gathers shards).
+        Under FSDP2 every rank must call it (it gathers shards); rank 0 writes.
         """
         path = Path(path)
         checkpoint.save_pretrained(self.core, path, tokenizer=self.tokenizer)
@@ -234,4 +240,5 @@ class OpenVLAOFTPolicy(Policy):
             save_adapter(self.vla, path / ADAPTER_DIR)
         if self.value_head is not None:
             state = {k: checkpoint.full_tensor(v) for k, v in self.value_head.state_dict().items()}
-            save_file(state, str(path / VALUE_HEAD_FILE))
+            if checkpoint.is_writer():
+                save_file(state, str(path / VALUE_HEAD_FILE))
