@@ -68,7 +68,9 @@ def measure(model: OpenVLAOFT, batch: int, repeats: int, device: torch.device) -
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     par = median_ms(lambda: parallel_decode(model, inputs, n, greedy), repeats, sync)
     ar = median_ms(lambda: sequential_decode(model, inputs, n, greedy, feed_tokens=True), repeats, sync)
-    return {"batch": batch, "parallel_ms": round(par, 2), "autoregressive_ms": round(ar, 2), "ratio": round(ar / par, 2)}
+    return {
+        "batch": batch, "parallel_ms": round(par, 2), "autoregressive_ms": round(ar, 2), "ratio": round(ar / par, 2)
+    }
 
 
 def seven_b_model(device: torch.device) -> OpenVLAOFT:
@@ -110,7 +112,11 @@ def main() -> None:
         model = seven_b_model(cuda)
         gpu_rows = [measure(model, b, args.repeats, cuda) for b in (1, 8)]
         print_table(f"GPU ({torch.cuda.get_device_name()}), 7B-shaped bf16 model (median)", gpu_rows)
-        gpu = {"device": torch.cuda.get_device_name(), "rows": gpu_rows, "parallel_vs_autoregressive": gpu_rows[0]["ratio"]}
+        gpu = {
+            "device": torch.cuda.get_device_name(),
+            "rows": gpu_rows,
+            "parallel_vs_autoregressive": gpu_rows[0]["ratio"],
+        }
     else:
         print("\nGPU, 7B-shaped model: skipped (no CUDA device)")
 

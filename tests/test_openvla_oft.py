@@ -19,7 +19,13 @@ from policies import POLICIES, build_policy
 from policies.base import reduce_logprobs
 from policies.openvla_oft import OpenVLAOFTPolicy
 from policies.openvla_oft.action_tokenizer import ActionTokenizer
-from policies.openvla_oft.checkpoint import CheckpointError, from_pretrained, load_tokenizer, read_config, save_pretrained
+from policies.openvla_oft.checkpoint import (
+    CheckpointError,
+    from_pretrained,
+    load_tokenizer,
+    read_config,
+    save_pretrained,
+)
 from policies.openvla_oft.config import ConfigError, vit_spec
 from policies.openvla_oft.decoding import ActionSampler, parallel_decode, sequential_decode
 from policies.openvla_oft.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
@@ -31,7 +37,7 @@ from policies.openvla_oft.normalization import (
     unnormalize_actions,
 )
 from policies.openvla_oft.preprocess import build_prompts, center_crop_resize, normalize_images, prepare_images
-from policies.openvla_oft.tiny import public_shapes, tiny_config, write_tiny_checkpoint
+from policies.openvla_oft.tiny import public_shapes, write_tiny_checkpoint
 
 TASKS = ["pick up the red cube", "Turn on the stove", "open the top drawer and put the bowl inside"]
 N_TOKENS = 8 * 7
@@ -126,7 +132,8 @@ def test_unnormalize_proprio_and_gripper_against_hand_computed_values():
 
     p = torch.tensor([[0.0, 2.0, 5.0]])
     proprio_stats = {"q01": [-1.0, 0.0, 0.0], "q99": [1.0, 4.0, 2.0]}
-    assert torch.allclose(normalize_proprio(p, proprio_stats), torch.tensor([[0.0, 0.0, 1.0]]), atol=1e-6)  # 4 clips to 1
+    expected_proprio = torch.tensor([[0.0, 0.0, 1.0]])  # the last is 4, clipped to 1
+    assert torch.allclose(normalize_proprio(p, proprio_stats), expected_proprio, atol=1e-6)
 
     grip = torch.tensor([[0.5, 0.7], [0.5, 0.2]])
     assert torch.equal(postprocess_gripper(grip, normalize=True, invert=False)[:, -1], torch.tensor([1.0, -1.0]))
@@ -148,7 +155,8 @@ def test_unnorm_key_resolution():
 def test_logprob_levels_are_reshapes_of_token_logprobs():
     per_token = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4)
     assert torch.equal(reduce_logprobs(per_token, "token_level"), per_token)
-    assert torch.equal(reduce_logprobs(per_token, "action_level"), torch.tensor([[6.0, 22.0, 38.0], [54.0, 70.0, 86.0]]))
+    action_level = torch.tensor([[6.0, 22.0, 38.0], [54.0, 70.0, 86.0]])
+    assert torch.equal(reduce_logprobs(per_token, "action_level"), action_level)
     assert torch.equal(reduce_logprobs(per_token, "chunk_level"), torch.tensor([66.0, 210.0]))
 
 
@@ -170,7 +178,8 @@ def test_image_preparation_and_the_two_normalizations():
     resized = prepare_images(torch.full((1, 90, 120, 3), 77, dtype=torch.uint8), 56, center_crop=True)
     assert resized.dtype == torch.uint8 and resized.shape == (1, 3, 56, 56) and (resized == 77).all()
 
-    specs = [vit_spec("vit_large_patch14_reg4_dinov2.lvd142m", None, "t"), vit_spec("vit_so400m_patch14_siglip_224", None, "t")]
+    ids = ("vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224")
+    specs = [vit_spec(i, None, "test") for i in ids]
     pixels = normalize_images(torch.stack([same, same], dim=1), specs)  # 2 images per sample
     assert pixels.shape == (2, 12, 56, 56)
     rgb = torch.tensor([51, 128, 204]) / 255
@@ -216,7 +225,8 @@ def test_tiny_checkpoint_loads_and_round_trips_through_save(ckpt, tmp_path):
     saved_index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     assert set(saved_index) == set(index) and len(set(saved_index.values())) > 2
     assert json.loads((out / "config.json").read_text()) == json.loads((ckpt / "config.json").read_text())
-    assert json.loads((out / "dataset_statistics.json").read_text()) == json.loads((ckpt / "dataset_statistics.json").read_text())
+    stats = "dataset_statistics.json"
+    assert json.loads((out / stats).read_text()) == json.loads((ckpt / stats).read_text())
     with torch.no_grad():
         after = from_pretrained(out, use_proprio=True)(inputs, N_TOKENS)
     assert torch.equal(before.logits, after.logits)
@@ -366,7 +376,8 @@ def test_registry_and_config_group(ckpt):
 
 @pytest.mark.parametrize("value_type", ["chunk_level", "action_level"])
 def test_act_then_evaluate_agree(ckpt, value_type):
-    policy = build_policy(tiny_cfg(ckpt, value_type=value_type, use_proprio=True, num_images_in_input=2, temperature=0.8, top_k=64))
+    cfg = tiny_cfg(ckpt, value_type=value_type, use_proprio=True, num_images_in_input=2, temperature=0.8, top_k=64)
+    policy = build_policy(cfg)
     obs = make_obs(3)
     torch.manual_seed(0)
     out = policy.act(obs)
@@ -444,7 +455,8 @@ def test_lora_targets_trainables_and_adapter_round_trip(ckpt, tmp_path):
     obs = make_obs(2)
     out = policy.act(obs, do_sample=False)
     policy.save_pretrained(tmp_path / "rl")
-    reloaded = build_policy(tiny_cfg(tmp_path / "rl", use_proprio=True, lora_path=str(tmp_path / "rl" / "lora_adapter")))
+    adapter_dir = str(tmp_path / "rl" / "lora_adapter")
+    reloaded = build_policy(tiny_cfg(tmp_path / "rl", use_proprio=True, lora_path=adapter_dir))
     again = reloaded(out.forward_inputs, out.actions)
     assert torch.allclose(again.logprobs, out.logprobs, atol=1e-5)
     assert torch.allclose(again.values, out.values, atol=1e-5)

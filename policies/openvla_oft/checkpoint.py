@@ -95,7 +95,11 @@ def check_keys(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tupl
     """Fail, naming the tensors, unless ``found`` has exactly the names and shapes of ``expected``."""
     missing = set(expected) - set(found)
     unexpected = set(found) - set(expected)
-    misshapen = [f"{k} {found[k]} != {expected[k]}" for k in sorted(set(expected) & set(found)) if tuple(found[k]) != tuple(expected[k])]
+    misshapen = [
+        f"{k} {found[k]} != {expected[k]}"
+        for k in sorted(set(expected) & set(found))
+        if tuple(found[k]) != tuple(expected[k])
+    ]
     problems = []
     if missing:
         problems.append(f"missing keys: {_listing(missing)}")
@@ -209,7 +213,9 @@ def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_pretrained(model: OpenVLAOFT, path: str | Path, *, tokenizer=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+def save_pretrained(
+    model: OpenVLAOFT, path: str | Path, *, tokenizer=None, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> None:
     """Write ``model`` in the layout ``from_pretrained`` reads (and OpenVLA tools expect).
 
     Under FSDP2 every rank must call it (it gathers shards); rank 0 writes.
@@ -241,7 +247,8 @@ def save_pretrained(model: OpenVLAOFT, path: str | Path, *, tokenizer=None, max_
             save_file(shard, str(path / name), metadata={"format": "pt"})
             weight_map.update({k: name for k in shard})
         total = sum(v.numel() * v.element_size() for v in weights.values())
-        (path / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
     config = model.config.to_dict()
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     (path / STATS_FILE).write_text(json.dumps(config["norm_stats"], indent=2))

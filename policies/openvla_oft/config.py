@@ -129,7 +129,9 @@ class VLAConfig:
         specs = [vit_spec(i, o, source) for i, o in zip(ids, overrides)]
         text = dict(_require(raw, "text_config", source))
         if text.get("model_type", "llama") != "llama":
-            raise ConfigError(f"{source}: text_config.model_type {text['model_type']!r} is not supported; expected 'llama'")
+            raise ConfigError(
+                f"{source}: text_config.model_type {text['model_type']!r} is not supported; expected 'llama'"
+            )
         _require(text, "vocab_size", f"{source} text_config")
         text.pop("model_type", None)
         text.pop("torch_dtype", None)

@@ -44,7 +44,9 @@ class ActionSampler:
         p = log_probs.exp()
         return -torch.where(p > 0, p * log_probs, torch.zeros_like(p)).sum(-1)
 
-    def gumbel(self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    def gumbel(
+        self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         u = torch.rand(shape, device=device, generator=generator).clamp_(1e-20, 1.0 - 1e-7)
         return -torch.log(-torch.log(u))
 

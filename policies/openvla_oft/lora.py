@@ -31,9 +31,10 @@ VALUE_HEAD_PREFIX = "value_head."
 def target_modules(model: OpenVLAOFT) -> str:
     """peft's target regex: LLM projections, projector, and ViT blocks except each backbone's
     last (never run: features come from the second-to-last block)."""
+    backbone = model.vision_backbone
     vits = [
         rf"vision_backbone\.{name}\.blocks\.(?!{len(vit.blocks) - 1}\.)\d+\.(attn\.(qkv|proj)|mlp\.fc[12])"
-        for name, vit in (("featurizer", model.vision_backbone.featurizer), ("fused_featurizer", model.vision_backbone.fused_featurizer))
+        for name, vit in (("featurizer", backbone.featurizer), ("fused_featurizer", backbone.fused_featurizer))
         if vit is not None
     ]
     llm = r"language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"

@@ -36,7 +36,10 @@ def resolve_unnorm_key(norm_stats: Mapping[str, Any], unnorm_key: str | None) ->
     if unnorm_key not in norm_stats and f"{unnorm_key}_no_noops" in norm_stats:
         return f"{unnorm_key}_no_noops"
     if unnorm_key not in norm_stats:
-        raise ConfigError(f"actor.model.unnorm_key={unnorm_key!r} is not in the checkpoint's norm_stats; expected one of {sorted(norm_stats)}")
+        raise ConfigError(
+            f"actor.model.unnorm_key={unnorm_key!r} is not in the checkpoint's norm_stats; "
+            f"expected one of {sorted(norm_stats)}"
+        )
     return unnorm_key
 
 
@@ -66,7 +69,9 @@ def normalize_proprio(proprio: torch.Tensor, proprio_stats: Mapping[str, Any]) -
     """Robot state -> [-1, 1] (clipped) where ``mask`` is true, as the proprio projector was trained."""
     low, high, mask = _bounds(proprio_stats, "proprio")
     if proprio.shape[-1] != low.numel():
-        raise ConfigError(f"obs states have {proprio.shape[-1]} dimensions but the proprio statistics have {low.numel()}")
+        raise ConfigError(
+            f"obs states have {proprio.shape[-1]} dimensions but the proprio statistics have {low.numel()}"
+        )
     x = proprio.to(torch.float64)
     out = torch.where(mask, 2 * (x - low) / (high - low + RANGE_EPS) - 1, x).clamp(-1.0, 1.0)
     return out.to(torch.float32)

@@ -92,7 +92,9 @@ class OpenVLAOFTPolicy(Policy):
         self.proprio_stats = None
         if options.use_proprio:
             if "proprio" not in stats:
-                raise ConfigError(f"actor.model.use_proprio is true but norm_stats[{self.unnorm_key!r}] has no 'proprio'")
+                raise ConfigError(
+                    f"actor.model.use_proprio is true but norm_stats[{self.unnorm_key!r}] has no 'proprio'"
+                )
             self.proprio_stats = stats["proprio"]
             expected = vla.proprio_projector.fc1.in_features
             if len(self.proprio_stats["q01"]) != expected:
@@ -126,11 +128,14 @@ class OpenVLAOFTPolicy(Policy):
         ]
         for key, wanted, actual in checks:
             if wanted is not None and wanted != actual:
-                raise ConfigError(f"actor.model.{key}={wanted!r} but the checkpoint has {actual!r} (null takes the checkpoint's)")
+                raise ConfigError(
+                    f"actor.model.{key}={wanted!r} but the checkpoint has {actual!r} (null takes the checkpoint's)"
+                )
         if tokenizer.vocab_size != config.tokenizer_vocab_size:
             raise ConfigError(
-                f"the tokenizer in {options.model_path} has {tokenizer.vocab_size} tokens but config.json implies "
-                f"{config.tokenizer_vocab_size} (text_config.vocab_size - pad_to_multiple_of); action tokens would be wrong"
+                f"the tokenizer in {options.model_path} has {tokenizer.vocab_size} tokens but config.json "
+                f"implies {config.tokenizer_vocab_size} (text_config.vocab_size - pad_to_multiple_of); "
+                "action tokens would be wrong"
             )
 
     @property
@@ -164,11 +169,14 @@ class OpenVLAOFTPolicy(Policy):
             wrist = torch.as_tensor(obs["wrist_images"])
             wrist = wrist[:, None] if wrist.ndim == 4 else wrist
             if wrist.ndim != 5 or wrist.shape[1] < n_extra:
-                raise ValueError(f"obs['wrist_images'] must be [B, H, W, 3] or [B, K>={n_extra}, H, W, 3]; got {tuple(wrist.shape)}")
+                raise ValueError(
+                    f"obs['wrist_images'] must be [B, H, W, 3] or [B, K>={n_extra}, H, W, 3]; got {tuple(wrist.shape)}"
+                )
             views += [as_uint8_images(wrist[:, i], "wrist_images") for i in range(n_extra)]
         size = self.core.config.image_size
         images = torch.stack([prepare_images(v.to(self.device), size, self.options.center_crop) for v in views], dim=1)
-        input_ids, attention_mask = build_prompts(self.tokenizer, list(obs["task_descriptions"]), self.options.max_prompt_length)
+        tasks = list(obs["task_descriptions"])
+        input_ids, attention_mask = build_prompts(self.tokenizer, tasks, self.options.max_prompt_length)
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "images": images.cpu()}
         if self.options.use_proprio:
             if obs.get("states") is None:
@@ -220,7 +228,9 @@ class OpenVLAOFTPolicy(Policy):
         """
         tokens = forward_inputs["action_tokens"]
         if tuple(actions.shape) != tuple(tokens.shape):
-            raise ValueError(f"actions {tuple(actions.shape)} do not match forward_inputs['action_tokens'] {tuple(tokens.shape)}")
+            raise ValueError(
+                f"actions {tuple(actions.shape)} do not match forward_inputs['action_tokens'] {tuple(tokens.shape)}"
+            )
         logits, values = self.logits_and_values(forward_inputs)
         slots = self.core.action_tokenizer.tokens_to_slots(tokens.to(logits.device)).reshape(logits.shape[0], -1)
         log_probs = self.sampler(True).log_probs(logits)

@@ -79,7 +79,9 @@ def build_prompts(tokenizer, tasks: Sequence[str], max_prompt_length: int) -> tu
     """Task descriptions -> ``input_ids`` and ``attention_mask`` ``[B, 1 + max_prompt_length]``."""
     space_id = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
     if space_id is None or space_id == tokenizer.unk_token_id:
-        raise ConfigError(f"the checkpoint's tokenizer has no {SPACE_TOKEN!r} token (a Llama-style tokenizer is expected)")
+        raise ConfigError(
+            f"the checkpoint's tokenizer has no {SPACE_TOKEN!r} token (a Llama-style tokenizer is expected)"
+        )
     if tokenizer.bos_token_id is None or tokenizer.pad_token_id is None:
         raise ConfigError("the checkpoint's tokenizer needs a BOS and a pad token")
     rows = []

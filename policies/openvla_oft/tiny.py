@@ -98,8 +98,13 @@ def _vit_shapes(prefix: str, dim: int, depth: int, ratio: float, patch: int, ima
 def public_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of the safetensors part of a (fused, DINOv2 + SigLIP) checkpoint."""
     (dino, siglip), size = config["timm_arch_overrides"], config["image_sizes"][0]
-    shapes = _vit_shapes("vision_backbone.featurizer", dino["embed_dim"], dino["depth"], DINO_MLP_RATIO, dino["patch_size"], size, True)
-    shapes |= _vit_shapes("vision_backbone.fused_featurizer", siglip["embed_dim"], siglip["depth"], SIGLIP_MLP_RATIO, siglip["patch_size"], size, False)
+    shapes = _vit_shapes(
+        "vision_backbone.featurizer", dino["embed_dim"], dino["depth"], DINO_MLP_RATIO, dino["patch_size"], size, True
+    )
+    shapes |= _vit_shapes(
+        "vision_backbone.fused_featurizer",
+        siglip["embed_dim"], siglip["depth"], SIGLIP_MLP_RATIO, siglip["patch_size"], size, False,
+    )
     text = config["text_config"]
     llm, inter, vocab = text["hidden_size"], text["intermediate_size"], text["vocab_size"]
     head_dim = llm // text["num_attention_heads"]
@@ -148,7 +153,8 @@ def norm_stats(action_dim: int = 7, proprio_dim: int = 8) -> dict:
     proprio = {"q01": [-1.0] * proprio_dim, "q99": [1.0 + i for i in range(proprio_dim)],
                "min": [-1.5] * proprio_dim, "max": [2.0 + i for i in range(proprio_dim)],
                "mean": [0.0] * proprio_dim, "std": [1.0] * proprio_dim}
-    return {"tiny_dataset_no_noops": {"action": action, "proprio": proprio, "num_transitions": 1000, "num_trajectories": 10}}
+    dataset = {"action": action, "proprio": proprio, "num_transitions": 1000, "num_trajectories": 10}
+    return {"tiny_dataset_no_noops": dataset}
 
 
 def tiny_config(
@@ -232,7 +238,8 @@ def write_tiny_checkpoint(
         llm = config["text_config"]["hidden_size"]
         proprio = {"fc1.weight": (llm, proprio_dim), "fc1.bias": (llm,), "fc2.weight": (llm, llm), "fc2.bias": (llm,)}
         # saved from a DDP-wrapped module, as OFT's training script does
-        torch.save({f"module.{k}": random_tensor(k, s, gen) for k, s in proprio.items()}, path / "proprio_projector--100_checkpoint.pt")
+        state = {f"module.{k}": random_tensor(k, s, gen) for k, s in proprio.items()}
+        torch.save(state, path / "proprio_projector--100_checkpoint.pt")
     return path
 
 
@@ -243,7 +250,8 @@ def main() -> None:
     parser.add_argument("--proprio-dim", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    write_tiny_checkpoint(args.out_dir, config=tiny_config(image_size=args.image_size), proprio_dim=args.proprio_dim, seed=args.seed)
+    config = tiny_config(image_size=args.image_size)
+    write_tiny_checkpoint(args.out_dir, config=config, proprio_dim=args.proprio_dim, seed=args.seed)
     print(args.out_dir)
 
 
