@@ -68,20 +68,20 @@ class Runner:
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
             summary["eval_success_before"] = metrics["eval/success_once"]
-        bar = tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        while self.step < last:
-            self.step += 1
-            metrics = self.train_step()
-            if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
-                metrics.update(self.evaluate())
-                summary["eval_success"] = metrics["eval/success_once"]
-            self.logger.log(metrics, self.step)
-            if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
-                self.save()
-            bar.update(1)
-            bar.set_postfix(env_steps=self.env_steps, steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
-                            success=f"{metrics.get('train/success_once', float('nan')):.2f}")
-        bar.close()
+        with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+            while self.step < last:
+                self.step += 1
+                metrics = self.train_step()
+                if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
+                    metrics.update(self.evaluate())
+                    summary["eval_success"] = metrics["eval/success_once"]
+                self.logger.log(metrics, self.step)
+                if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
+                    self.save()
+                bar.update(1)
+                bar.set_postfix(env_steps=self.env_steps,
+                                steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
+                                success=f"{metrics.get('train/success_once', float('nan')):.2f}")
         if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
             self.save()  # the final weights are always kept
         return summary | self._totals()

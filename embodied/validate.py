@@ -57,6 +57,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "algorithm.entropy_bonus": (0, True, None),
     "algorithm.kl_beta": (0, True, None),
     "algorithm.early_stop_imp_ratio": (1, False, None),
+    "algorithm.target_kl": (0, False, None),
     "algorithm.group_size": (1, True, None),
     "algorithm.rollout_epoch": (1, True, None),
     "algorithm.update_epochs": (1, True, None),
@@ -74,7 +75,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
 }
 NULLABLE = {
     "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
-    "algorithm.value_clip",
+    "algorithm.value_clip", "algorithm.target_kl",
 }
 ENV_RANGES = {"total_num_envs": 1, "max_episode_steps": 1, "group_size": 1}
 

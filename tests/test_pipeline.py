@@ -60,14 +60,13 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
 
 
-def _env_worker_pids() -> list[int]:
-    """Env workers are the parents of the forkserver that starts their simulator processes."""
-    pids = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "multiprocessing.forkserver" in cmd and "envs.subproc" in cmd:
-            pids.add(proc.ppid())
-    return sorted(pids)
+def _env_worker_pids(driver: int) -> list[int]:
+    """Env workers are the parents of the forkserver that starts their simulator processes;
+    the embedded Ray cluster, and so every worker, descends from the driver."""
+    forkservers = {p.pid: p.ppid() for p in psutil.Process(driver).children(recursive=True)
+                   if "multiprocessing.forkserver" in " ".join(p.cmdline())}
+    # the simulator processes forked by a forkserver look like it; their parent gives them away
+    return sorted({parent for parent in forkservers.values() if parent not in forkservers})
 
 
 def test_dead_env_worker_ends_the_run_with_a_clear_error(tmp_path):
@@ -80,7 +79,7 @@ def test_dead_env_worker_ends_the_run_with_a_clear_error(tmp_path):
         while checkpoint.latest(ckpts) is None:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.5)
-        pids = _env_worker_pids()
+        pids = _env_worker_pids(proc.pid)
         assert len(pids) == 2
         os.kill(pids[0], signal.SIGKILL)
         killed = time.monotonic()

@@ -66,27 +66,48 @@ class ActorWorker(Worker):
         micro = self.cfg.actor.micro_batch_size
         generator = torch.Generator().manual_seed(self.cfg.actor.seed + step * 1000 + self.rank)
         sums: dict[str, float] = defaultdict(float)
-        updates = 0
+        updates, planned = 0, self.algo.update_epochs * (count // per_rank)
         self.policy.train()
         for _ in range(self.algo.update_epochs):
             order = torch.randperm(count, generator=generator)
             for start in range(0, count - per_rank + 1, per_rank):
-                minibatch = order[start:start + per_rank]
-                self.optimizer.zero_grad(set_to_none=True)
-                parts = list(minibatch.split(micro))
-                for i, index in enumerate(parts):
-                    self.policy.set_requires_gradient_sync(i == len(parts) - 1)
-                    loss, metrics = self._loss(_index(batch, index))
-                    (loss / len(parts)).backward()
-                    for key, value in metrics.items():
-                        sums[key] += float(value) / len(parts)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
-                sums["actor/grad_norm"] += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-                self.optimizer.step()
+                metrics = self._minibatch(batch, order[start:start + per_rank], micro)
+                for key, value in metrics.items():
+                    sums[key] += value
                 updates += 1
+                if self._kl_exceeded(metrics["actor/approx_kl"]):
+                    break
+            else:
+                continue
+            break
         metrics = {k: v / max(updates, 1) for k, v in sums.items()}
         metrics["actor/lr"] = self.cfg.actor.optim.lr
+        metrics["actor/update_fraction"] = updates / max(planned, 1)
         return _mean_over_ranks(metrics)
+
+    def _minibatch(self, batch: dict[str, Any], index: torch.Tensor, micro: int) -> dict[str, float]:
+        """One optimizer step, accumulating gradients over micro-batches (synced on the last)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = list(index.split(micro))
+        sums: dict[str, float] = defaultdict(float)
+        for i, part in enumerate(parts):
+            self.policy.set_requires_gradient_sync(i == len(parts) - 1)
+            loss, metrics = self._loss(_index(batch, part))
+            (loss / len(parts)).backward()
+            for key, value in metrics.items():
+                sums[key] += float(value) / len(parts)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
+        sums["actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        self.optimizer.step()
+        return sums
+
+    def _kl_exceeded(self, approx_kl: float) -> bool:
+        """``algorithm.target_kl``: every rank stops at the same minibatch (mean KL over ranks)."""
+        if self.algo.target_kl is None:
+            return False
+        kl = torch.tensor([approx_kl], dtype=torch.float64)
+        dist.all_reduce(kl)
+        return kl.item() / self.world_size > self.algo.target_kl
 
     def _samples(self, traj: dict[str, Any]) -> dict[str, Any]:
         traj = _to_tensors(traj, self.torch_device)
