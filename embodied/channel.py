@@ -16,10 +16,11 @@ Across nodes: a key lives on the node of the first process that touches it (a sm
 records this); a process on another node reaches it through a Ray actor on that node, and the
 data travels through Ray's object store.
 
-Cleanup: every segment is named ``embch.<creator pid>.<channel id>...``. The process that created
-the channel unlinks them on ``close()`` and at exit (also after an exception, Ctrl-C or SIGTERM,
-and whatever killed producers left); creating a channel also removes the segments of channels whose
-creator is no longer alive (a driver killed with SIGKILL). Linux only (``/dev/shm``, futex).
+Cleanup: every segment is named ``embch.<host>.<creator pid>.<channel id>...``. The process that
+created the channel unlinks them on ``close()`` and at exit (also after an exception, Ctrl-C or
+SIGTERM, and whatever killed producers left); creating a channel also removes the segments of
+channels whose creator is no longer alive (a driver killed with SIGKILL). Linux only
+(``/dev/shm``, futex).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import platform
 import re
 import secrets
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -165,13 +167,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32]
+
+
+def creator_prefix(pid: int) -> str:
+    """The start of the name of every segment of the channels that process ``pid`` of this host
+    created. The host is part of it: containers may share /dev/shm but not their pids."""
+    return f"{PREFIX}.{_HOST}.{pid}."
+
+
 def sweep_dead_channels() -> int:
-    """Remove segments of channels whose creating process is gone; returns how many."""
+    """Remove segments of channels whose creating process (on this host) is gone; returns how many."""
     removed = 0
     for name in os.listdir(SHM_DIR):
         parts = name.split(".")
-        if len(parts) > 2 and parts[0] == PREFIX and parts[1].isdigit() and not _alive(int(parts[1])):
-            removed += _unlink_prefix(name)
+        if len(parts) > 3 and parts[:2] == [PREFIX, _HOST] and parts[2].isdigit():
+            if not _alive(int(parts[2])):
+                removed += _unlink_prefix(creator_prefix(int(parts[2])))
     return removed
 
 
@@ -345,6 +357,7 @@ class _Local:
         self.next_slot = 0
         self.mapped: dict[str, mmap.mmap] = {}
         self.homes: dict[str, str] = {}
+        self.node: str | None = None
 
     def close(self) -> None:
         for queue in self.queues.values():
@@ -421,7 +434,7 @@ class Channel:
         bounds = _check_bounds(name, maxsize)
         sweep_dead_channels()
         tag = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:32]
-        prefix = f"{PREFIX}.{os.getpid()}.{secrets.token_hex(4)}.{tag}."
+        prefix = f"{creator_prefix(os.getpid())}{secrets.token_hex(4)}.{tag}."
         homes = agents = None
         if ray.is_initialized():
             nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
@@ -556,20 +569,25 @@ class Channel:
         data_at = _align(HEADER + len(meta))
         slot = self._slot(self._local(), data_at + offset)
         mm = slot.mm
-        _U32.pack_into(mm, 4, len(meta))
-        mm[HEADER : HEADER + len(meta)] = meta
-        for leaf, (is_tensor, dtype, shape, at, nbytes) in zip(leaves, layout):
-            if not nbytes:
-                continue
-            if is_tensor:
-                import torch
+        try:
+            _U32.pack_into(mm, 4, len(meta))
+            mm[HEADER : HEADER + len(meta)] = meta
+            for leaf, (is_tensor, dtype, shape, at, nbytes) in zip(leaves, layout):
+                if not nbytes:
+                    continue
+                if is_tensor:
+                    import torch
 
-                dst = torch.frombuffer(mm, dtype=dtype, count=leaf.numel(), offset=data_at + at)
-                dst.view(shape).copy_(leaf)
-            else:
-                np.copyto(np.ndarray(shape, dtype, buffer=mm, offset=data_at + at), leaf)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not queue.put((os.getpid(), slot.number), deadline):
+                    dst = torch.frombuffer(mm, dtype=dtype, count=leaf.numel(), offset=data_at + at)
+                    dst.view(shape).copy_(leaf)
+                else:
+                    np.copyto(np.ndarray(shape, dtype, buffer=mm, offset=data_at + at), leaf)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            sent = queue.put((os.getpid(), slot.number), deadline)
+        except BaseException:
+            mm[0] = _FREE
+            raise
+        if not sent:
             mm[0] = _FREE
             raise TimeoutError(
                 f"channel {self.name!r}: queue {key!r} stayed full ({self._bound(key)} items) "
@@ -624,7 +642,9 @@ class Channel:
             return None
         local = self._local()
         home = local.homes.get(key)
-        here = ray.get_runtime_context().get_node_id()
+        if local.node is None:
+            local.node = ray.get_runtime_context().get_node_id()
+        here = local.node
         if home is None:
             home = local.homes[key] = ray.get(self._homes.claim.remote(key, here))
         return None if home == here else self._agents[home]

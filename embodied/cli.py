@@ -87,7 +87,7 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
     try:
         print_result(run(cfg, plan))
     except WorkerError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
+        print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
         return 1
     return 0
 

@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 
-from embodied.channel import SHM_DIR, Channel
+from embodied.channel import SHM_DIR, Channel, creator_prefix
 from embodied.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,7 +98,7 @@ def cluster():
     cluster = Cluster(num_nodes=1)
     yield cluster
     cluster.shutdown()
-    assert segments(f"embch.{os.getpid()}.") == []  # every channel of this module cleaned up
+    assert segments(creator_prefix(os.getpid())) == []  # every channel of this module cleaned up
 
 
 @pytest.fixture
@@ -258,7 +258,7 @@ def test_driver_crash_ctrl_c_and_kill_leave_nothing_behind(cluster, mode, tmp_pa
                             env={**os.environ, "PYTHONPATH": REPO}, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().strip() == "READY"
-    prefix = f"embch.{proc.pid}."
+    prefix = creator_prefix(proc.pid)
     assert len(segments(prefix)) >= 2  # a queue and the producer's slots
     time.sleep(0.3)  # the driver is now waiting in get() (or on stdin)
     signals = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
