@@ -41,7 +41,10 @@ class ActorWorker(Worker):
         self.reference = None
         if self.algo.kl_beta > 0:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
-        self.policy = fully_shard(policy, reshard_after_forward=cfg.actor.fsdp_config.reshard_after_forward)
+        reshard = cfg.actor.fsdp_config.reshard_after_forward
+        for unit in getattr(policy, "shard_units", list)():  # large models shard block by block
+            fully_shard(unit, reshard_after_forward=reshard)
+        self.policy = fully_shard(policy, reshard_after_forward=reshard)
         optim = cfg.actor.optim
         rest, value = split_value_parameters(self.policy)
         groups = [{"params": rest, "lr": optim.lr}]
@@ -149,8 +152,14 @@ class ActorWorker(Worker):
         )
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:
-        """Full (unsharded) weights on rank 0 for the rollout workers; None on other ranks."""
-        state = get_model_state_dict(self.policy, options=FULL)
+        """Unsharded weights on rank 0 for the rollout workers (None on other ranks): only the
+        LoRA adapters and value head when training LoRA, else the whole model."""
+        if self.cfg.actor.model.is_lora:
+            from policies.openvla_oft.lora import adapter_state_dict
+
+            state = adapter_state_dict(self.policy)
+        else:
+            state = get_model_state_dict(self.policy, options=FULL)
         return state if self.rank == 0 else None
 
     def save(self, folder: str) -> None:

@@ -43,7 +43,12 @@ class RolloutWorker(Worker):
                         for s in range(stages)]
 
     def set_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.policy.load_state_dict(state_dict)
+        if self.cfg.actor.model.is_lora:
+            from policies.openvla_oft.lora import load_adapter_state_dict
+
+            load_adapter_state_dict(self.policy, state_dict)
+        else:
+            self.policy.load_state_dict(state_dict)
 
     @torch.no_grad()
     def generate(self, split: str, num_chunk_steps: int, seed: int) -> None:
