@@ -104,6 +104,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if model.model_type not in POLICIES:
         _fail("actor.model.model_type", model.model_type, f"one of {POLICIES.names()}")
 
+    for key in ("model_path", "lora_path"):
+        path = model.get(key)
+        if path is not None and not os.path.exists(path):
+            _fail(f"actor.model.{key}", path, "an existing checkpoint folder")
     adv = cfg.algorithm.adv_type
     if adv == "grpo" and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
