@@ -137,7 +137,7 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
     except AssertionError as e:
         if "not in supported modes" in str(e):
             raise EnvSetupError(f"env.init_params.control_mode={p['control_mode']!r} is not "
-                                f"supported by {p['id']}'s robot; {str(e).split(': ', 1)[-1]}") from None
+                                f"supported by {p['id']}'s robot; expected one of {str(e).split(': ', 1)[-1]}") from None
         raise
     except EOFError:
         raise EnvSetupError(f"ManiSkill task {p['id']} (robot {p['robot_uids']}) asked to download "
@@ -181,21 +181,25 @@ class ManiSkillEnv:
     num_reset_states = None
 
     def __init__(self, p: dict[str, Any], max_episode_steps: int):
+        # One scene keeps one core busy; torch's default of a thread per core makes the env
+        # processes of a batch spin against each other (two envs then step no faster than one).
+        torch.set_num_threads(1)
         self.p = p
         self.env = _make(p, num_envs=1, max_episode_steps=max_episode_steps)
-        first = self.reset(0)
-        self.obs_spec = {k: (v.shape, v.dtype) for k, v in first.items()}
+        self.reset(0)
+        self.obs_spec = {k: (v.shape, v.dtype) for k, v in self.observation().items()}
         self.action_dim = int(np.prod(self.env.action_space.shape))
         self.task_description = task_description(p["id"])
 
-    def reset(self, state_id: int) -> dict[str, np.ndarray]:
-        obs, _ = self.env.reset(seed=state_id)
-        return {k: v[0] for k, v in extract_obs(obs, self.p).items()}
+    def reset(self, state_id: int) -> None:
+        self._raw_obs, _ = self.env.reset(seed=state_id)
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool]:
-        obs, reward, terminated, _, info = self.env.step(action)
-        return ({k: v[0] for k, v in extract_obs(obs, self.p).items()}, float(reward),
-                bool(terminated), bool(info["success"]))
+    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
+        self._raw_obs, reward, terminated, _, info = self.env.step(action)
+        return float(reward), bool(terminated), bool(info["success"])
+
+    def observation(self) -> dict[str, np.ndarray]:
+        return {k: v[0] for k, v in extract_obs(self._raw_obs, self.p).items()}
 
     def close(self) -> None:
         self.env.close()

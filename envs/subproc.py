@@ -15,6 +15,7 @@ pipe close and exits.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import traceback
 import weakref
 from multiprocessing import shared_memory
@@ -35,10 +36,13 @@ class SingleEnv(Protocol):
     num_reset_states: int | None
     task_description: str
 
-    def reset(self, state_id: int) -> dict[str, np.ndarray]: ...
+    def reset(self, state_id: int) -> None: ...
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool]:
-        """Returns the observation, reward, terminated and success after one step."""
+    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
+        """Returns reward, terminated and success."""
+
+    def observation(self) -> dict[str, np.ndarray]:
+        """The current observation (read once per chunk, not after every step)."""
 
     def close(self) -> None: ...
 
@@ -58,41 +62,52 @@ def _views(buf: Any, layout: dict[str, tuple[int, tuple, np.dtype]]) -> dict[str
     return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (off, shape, dtype) in layout.items()}
 
 
+# Steps and resets travel as raw bytes, a one-byte tag then the payload: pickling even a small
+# array costs more than the round trip through the pipe. Only the one-off handshake (env
+# description one way, shared block layout the other) and errors are pickled.
+RESET, CHUNK, CLOSE, OK, ERROR = b"r", b"c", b"q", b"o", b"e"
+
+
 def _child(index: int, env_fn: Callable[[], SingleEnv], conn: Any) -> None:
     """A child's whole life: build the env, attach to the shared block, serve commands."""
-    env = shm = None
+    env = shm = rows = None
     try:
         env = env_fn()
-        conn.send(("ready", (env.obs_spec, env.action_dim, env.num_reset_states, env.task_description)))
-        cmd, (name, layout) = conn.recv()
+        conn.send_bytes(OK + pickle.dumps(
+            (env.obs_spec, env.action_dim, env.num_reset_states, env.task_description)))
+        name, layout = conn.recv()
         shm = shared_memory.SharedMemory(name=name)
         rows = {k: v[index] for k, v in _views(shm.buf, layout).items()}
         while True:
-            cmd, arg = conn.recv()
-            if cmd == "close":
+            msg = conn.recv_bytes()
+            tag, payload = msg[:1], msg[1:]
+            if tag == CLOSE:
                 break
-            if cmd == "reset":
-                obs = env.reset(arg)
-                reply = None
-            else:  # "chunk": arg is actions [C, A]
-                steps = [env.step(a) for a in arg]
-                obs = steps[-1][0]
-                reply = np.array([s[1:] for s in steps], dtype=np.float64)
+            if tag == RESET:
+                env.reset(int(np.frombuffer(payload, np.int64)[0]))
+                reply = b""
+            else:  # CHUNK: actions [C, A] float32
+                actions = np.frombuffer(payload, np.float32).reshape(-1, env.action_dim)
+                reply = np.array([env.step(a) for a in actions], np.float64).tobytes()
+            obs = env.observation()
             for key, row in rows.items():
                 row[...] = obs[key]
-            conn.send(("ok", reply))
-        del rows
+            conn.send_bytes(OK + reply)
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         pass  # the parent is gone or stopping us
     except BaseException as exc:
         try:
             user_error = exc if isinstance(exc, EnvSetupError) else None
-            conn.send(("error", (user_error, traceback.format_exc())))
+            conn.send_bytes(ERROR + pickle.dumps((user_error, traceback.format_exc())))
         except (OSError, ValueError):
             pass
     finally:
+        rows = None
         if shm is not None:
-            shm.close()
+            try:
+                shm.close()
+            except BufferError:
+                pass
         if env is not None:
             try:
                 env.close()
@@ -112,7 +127,7 @@ class _Resources:
     def release(self) -> None:
         for conn in self.conns:
             try:
-                conn.send(("close", None))
+                conn.send_bytes(CLOSE)
             except (OSError, ValueError):
                 pass
         for proc in self.procs:
@@ -152,7 +167,7 @@ class SubprocVectorEnv:
                 child.close()
                 self._res.procs.append(proc)
                 self._res.conns.append(parent)
-            specs = [self._recv(i) for i in range(self.num_envs)]
+            specs = [pickle.loads(self._recv(i)) for i in range(self.num_envs)]
             obs_spec, self.action_dim, self.num_reset_states, _ = specs[0]
             for i, spec in enumerate(specs[1:], 1):
                 if spec[:3] != specs[0][:3]:
@@ -163,7 +178,7 @@ class SubprocVectorEnv:
             self._res.shm = shared_memory.SharedMemory(create=True, size=size)
             self._obs = _views(self._res.shm.buf, layout)
             for conn in self._res.conns:
-                conn.send(("attach", (self._res.shm.name, layout)))
+                conn.send((self._res.shm.name, layout))
         except BaseException:
             self.close()
             raise
@@ -178,16 +193,18 @@ class SubprocVectorEnv:
 
     def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
         for i, s in zip(env_ids, state_ids):
-            self._res.conns[i].send(("reset", int(s)))
+            self._res.conns[i].send_bytes(RESET + np.int64(s).tobytes())
         for i in env_ids:
             self._recv(i)
         return self._copy_obs()
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
+        actions = np.ascontiguousarray(actions, np.float32)
         for conn, a in zip(self._res.conns, actions):
-            conn.send(("chunk", a))
-        per_env = np.stack([self._recv(i) for i in range(self.num_envs)])  # [B, C, 3]
+            conn.send_bytes(CHUNK + a.tobytes())
+        per_env = np.stack([np.frombuffer(self._recv(i), np.float64).reshape(-1, 3)
+                            for i in range(self.num_envs)])  # [B, C, (reward, terminated, success)]
         rewards = per_env[..., 0].astype(np.float32)
         return self._copy_obs(), rewards, per_env[..., 1] > 0, per_env[..., 2] > 0
 
@@ -198,17 +215,19 @@ class SubprocVectorEnv:
     def _copy_obs(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._obs.items()}
 
-    def _recv(self, i: int) -> Any:
+    def _recv(self, i: int) -> bytes:
         try:
-            status, payload = self._res.conns[i].recv()
+            msg = self._res.conns[i].recv_bytes()
         except (EOFError, OSError):
-            proc = self._res.procs[i]
-            proc.join(timeout=5)
-            raise RuntimeError(f"env process {i} (pid {proc.pid}) died "
-                               f"(exit code {proc.exitcode})") from None
-        if status == "error":
-            user_error, tb = payload
+            self._died(i)
+        if msg[:1] == ERROR:
+            user_error, tb = pickle.loads(msg[1:])
             if user_error is not None:
                 raise user_error
             raise RuntimeError(f"env process {i} failed:\n{tb}")
-        return payload
+        return msg[1:]
+
+    def _died(self, i: int) -> None:
+        proc = self._res.procs[i]
+        proc.join(timeout=5)
+        raise RuntimeError(f"env process {i} (pid {proc.pid}) died (exit code {proc.exitcode})") from None

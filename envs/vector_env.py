@@ -160,29 +160,32 @@ class VectorEnv:
                              f"got {list(actions.shape)}")
         obs, raw_rewards, raw_terminated, raw_success = self.sim.step_chunk(actions)
         b, chunk = actions.shape[:2]
-        rewards = np.zeros((b, chunk), np.float32)
-        ended = self._idle.copy()
-        terminated = np.zeros(b, bool)
-        truncated = np.zeros(b, bool)
-        for t in range(chunk):
-            live = ~ended
-            r = raw_rewards[:, t].astype(np.float32)
-            first = live & (self._length == 0)
-            if self.use_rel_reward:
-                step_reward = np.where(first, 0.0, r - self._prev_reward)
-            else:
-                step_reward = r
-            self._prev_reward[live] = r[live]
-            rewards[live, t] = step_reward[live] * self.reward_coef
-            self._return[live] += rewards[live, t]
-            self._length[live] += 1
-            self._success[live] = raw_success[live, t]
-            self._success_once[live] |= raw_success[live, t]
-            term = live & raw_terminated[:, t].astype(bool) & (not self.ignore_terminations)
-            trunc = live & (self._length >= self.max_episode_steps)
-            terminated |= term
-            truncated |= trunc
-            ended |= term | trunc
+        rows, steps = np.arange(b), np.arange(chunk)
+        # the step (index in the chunk) at which each env's episode ends, if it does
+        term = raw_terminated.astype(bool) & (not self.ignore_terminations)
+        trunc = (self._length[:, None] + steps + 1) >= self.max_episode_steps
+        ends = (term | trunc) & ~self._idle[:, None]
+        ended = ends.any(axis=1)
+        last = np.where(ended, ends.argmax(axis=1), chunk - 1)
+        live = (steps <= last[:, None]) & ~self._idle[:, None]
+        terminated = ended & term[rows, last]
+        truncated = ended & trunc[rows, last]
+
+        raw = raw_rewards.astype(np.float32)
+        if self.use_rel_reward:
+            prev = np.concatenate([self._prev_reward[:, None], raw[:, :-1]], axis=1)
+            first = self._length == 0
+            prev[first, 0] = raw[first, 0]
+            raw_out = raw - prev
+        else:
+            raw_out = raw
+        rewards = np.where(live, raw_out * np.float32(self.reward_coef), np.float32(0))
+        stepped = live.any(axis=1)
+        self._prev_reward[stepped] = raw[stepped, last[stepped]]
+        self._return += rewards.sum(axis=1)
+        self._length += live.sum(axis=1, dtype=np.int32)
+        self._success[stepped] = raw_success[stepped, last[stepped]]
+        self._success_once |= (raw_success.astype(bool) & live).any(axis=1)
         done = terminated | truncated
         terminations = np.zeros((b, chunk), bool)
         truncations = np.zeros((b, chunk), bool)

@@ -68,6 +68,8 @@ class VideoRecorder:
                    fps=video_cfg["fps"], name=name)
 
     def __getattr__(self, attr: str) -> Any:
+        if attr == "env":  # not set yet: no recursion through __getattr__
+            raise AttributeError(attr)
         return getattr(self.env, attr)
 
     def reset(self, reset_state_ids: Any = None) -> dict[str, Any]:

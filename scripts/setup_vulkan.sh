@@ -47,11 +47,11 @@ fi
 # A private apt state for bookworm-backports, so that the system's sources stay as they are.
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-chmod 755 "$WORK"
 mkdir -p "$WORK/lists/partial" "$WORK/archives/partial" "$WORK/debs" "$WORK/root"
 echo "deb http://deb.debian.org/debian bookworm-backports main" > "$WORK/sources.list"
 BPO=(-o Dir::Etc::SourceList="$WORK/sources.list" -o Dir::Etc::SourceParts=/dev/null
-     -o Dir::State::Lists="$WORK/lists" -o Dir::Cache="$WORK" -o Dir::Cache::archives="$WORK/archives")
+     -o Dir::State::Lists="$WORK/lists" -o Dir::Cache="$WORK" -o Dir::Cache::archives="$WORK/archives"
+     -o APT::Sandbox::User=root)
 "${APT[@]}" "${BPO[@]}" update
 (cd "$WORK/debs" && "${APT[@]}" "${BPO[@]}" download mesa-vulkan-drivers)
 DEB=$(ls "$WORK"/debs/mesa-vulkan-drivers_*.deb)

@@ -32,22 +32,21 @@ class ScriptedEnv:
         self.task_description = f"succeed at step {succeed_at}"
         self.state_id = self.t = 0
 
-    def _obs(self) -> dict[str, np.ndarray]:
+    def observation(self) -> dict[str, np.ndarray]:
         return {"states": np.array([self.state_id, self.t, os.getpid()], np.float32),
                 "main_images": np.full((4, 6, 3), (self.state_id * 10 + self.t) % 256, np.uint8)}
 
-    def reset(self, state_id: int) -> dict[str, np.ndarray]:
+    def reset(self, state_id: int) -> None:
         self.state_id, self.t = state_id, 0
-        return self._obs()
 
-    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool]:
+    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
         self.t += 1
         if self.fail == "crash" and self.t == 2:
             os._exit(3)
         if self.fail == "raise" and self.t == 2:
             raise ZeroDivisionError("scripted failure")
         success = self.t >= self.succeed_at
-        return self._obs(), 0.1 * self.t + self.state_id + float(action[0]), success, success
+        return 0.1 * self.t + self.state_id + float(action[0]), success, success
 
     def close(self) -> None:
         pass
