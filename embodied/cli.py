@@ -81,8 +81,15 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
     if args.dry_run:
         print(f"{prog}: config OK (dry run, nothing started)")
         return 0
-    print(f"{prog}: the training runner is not part of this build yet; use --dry-run", file=sys.stderr)
-    return 1
+    from embodied.runner import print_result, run
+    from embodied.worker import WorkerError
+
+    try:
+        print_result(run(cfg, plan))
+    except WorkerError as err:
+        print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
+        return 1
+    return 0
 
 
 def train(argv: Sequence[str] | None = None) -> None:
@@ -90,4 +97,5 @@ def train(argv: Sequence[str] | None = None) -> None:
 
 
 def evaluate(argv: Sequence[str] | None = None) -> None:
+    """Evaluation only: greedy episodes of ``runner.ckpt_path`` on the eval envs."""
     sys.exit(_main(argv, "embodied-eval", extra=["runner.only_eval=true"]))

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from embodied import checkpoint
 from embodied.config import ConfigError
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from envs import ENVS
@@ -56,6 +57,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "algorithm.entropy_bonus": (0, True, None),
     "algorithm.kl_beta": (0, True, None),
     "algorithm.early_stop_imp_ratio": (1, False, None),
+    "algorithm.target_kl": (0, False, None),
     "algorithm.group_size": (1, True, None),
     "algorithm.rollout_epoch": (1, True, None),
     "algorithm.update_epochs": (1, True, None),
@@ -73,7 +75,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
 }
 NULLABLE = {
     "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
-    "algorithm.value_clip",
+    "algorithm.value_clip", "algorithm.target_kl",
 }
 ENV_RANGES = {"total_num_envs": 1, "max_episode_steps": 1, "group_size": 1}
 
@@ -102,6 +104,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if model.model_type not in POLICIES:
         _fail("actor.model.model_type", model.model_type, f"one of {POLICIES.names()}")
 
+    for key in ("model_path", "lora_path"):
+        path = model.get(key)
+        if path is not None and not os.path.exists(path):
+            _fail(f"actor.model.{key}", path, "an existing checkpoint folder")
     adv = cfg.algorithm.adv_type
     if adv == "grpo" and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
@@ -118,6 +124,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
               f"{actor_ranks} actor rank(s) = {per_step}")
 
+    if cfg.runner.only_eval:
+        _checkpoint(cfg, "runner.ckpt_path")
+    if cfg.runner.resume_dir not in (None, "auto"):
+        _checkpoint(cfg, "runner.resume_dir")
     if cfg.runner.task_type == "embodied":
         _validate_embodied(cfg, plan)
     return plan
@@ -143,7 +153,17 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
                   f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num "
                   f"({stages}) x env.{split}.group_size ({env.group_size}) = {unit}")
+    rollout_ranks, actor_ranks = plan.world_size("rollout"), plan.world_size("actor")
+    if env_ranks % rollout_ranks:
+        _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
+              f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
+              "rank serves whole env ranks")
     train = cfg.env.train
+    shard = train.total_num_envs // actor_ranks
+    if train.total_num_envs % actor_ranks or shard % train.group_size:
+        _fail("env.train.total_num_envs", train.total_num_envs,
+              f"a multiple of {actor_ranks} actor rank(s) x env.train.group_size ({train.group_size}) "
+              "so that every actor rank trains on whole groups")
     if cfg.algorithm.adv_type == "grpo":
         if not train.use_fixed_reset_state_ids:
             _fail("env.train.use_fixed_reset_state_ids", False,
@@ -184,6 +204,16 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
         if component not in plan.components:
             _fail("cluster.component_placement", lines, f"a line that places {component!r}")
     return plan
+
+
+def _checkpoint(cfg: DictConfig, key: str) -> None:
+    path = OmegaConf.select(cfg, key)
+    if path is None:
+        _fail(key, None, "a checkpoint folder (global_step_<N>, or the folder holding them)")
+    try:
+        checkpoint.resolve(path, key)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:

@@ -275,5 +275,6 @@ class ManiSkillVectorEnv(VectorEnv):
             sim = ManiSkillGPUSim(p, num_envs, steps)
         else:
             sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
-                                   preload=["envs.maniskill"])
+                                   preload=["envs.maniskill"],
+                                   num_processes=env_cfg.get("num_processes"))
         super().__init__(sim, seed_offset=seed_offset, **options)

@@ -1,12 +1,14 @@
-"""A batch of single-scene simulators (a ``BatchedSim`` for ``VectorEnv``), one per subprocess.
+"""A batch of single-scene simulators (a ``BatchedSim`` for ``VectorEnv``) in subprocesses.
 
-CPU simulators such as ManiSkill's CPU backend or LIBERO's MuJoCo hold one scene per env; on a
-multi-core machine their envs step in parallel only in separate processes. ``single_env_batch``
-picks the form: several envs get one subprocess each (``SubprocVectorEnv``), a lone env steps in
-the calling process (``InProcessEnv``; a subprocess would only add a pipe round trip and two
-process wake-ups per chunk, about 7 % of a 5-step chunk of state-only PushCube here).
+CPU simulators such as ManiSkill's CPU backend or LIBERO's MuJoCo simulate one scene per env
+instance; on a multi-core machine envs step in parallel only in separate processes, and more
+processes than cores only add switching and memory (about 0.5 GB per ManiSkill process). So each
+child holds a contiguous block of envs (by default one process per core). ``single_env_batch``
+picks the form: a lone env steps in the calling process instead (``InProcessEnv``; a subprocess
+would only add a pipe round trip and two process wake-ups per chunk, about 7-9 % of a 5-step
+chunk of state-only PushCube here).
 
-Each child builds its env from a picklable factory and writes its observations into one
+Each child builds its envs from picklable factories and writes their observations into one
 shared-memory block that the parent preallocates for the whole batch (arrays are never pickled);
 the pipe carries only commands, actions and per-step scalars, one round trip per chunk, not per
 step. Children start from a forkserver, so the simulator's imports (``preload``) are paid once
@@ -18,6 +20,7 @@ pipe close and exits.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import sys
 import traceback
@@ -73,35 +76,44 @@ def _views(buf: Any, layout: dict[str, tuple[int, tuple, np.dtype]]) -> dict[str
 RESET, CHUNK, CLOSE, OK, ERROR = b"r", b"c", b"q", b"o", b"e"
 
 
-def _child(index: int, env_fn: Callable[[], SingleEnv], conn: Any) -> None:
-    """A child's whole life: build the env, attach to the shared block, serve commands."""
-    env = shm = rows = None
+def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any) -> None:
+    """A child's whole life: build its block of envs (global indices ``first`` onwards), attach
+    to the shared block, serve commands for all of them."""
+    envs: list[SingleEnv] = []
+    shm = rows = None
     try:
-        env = env_fn()
+        envs = [fn() for fn in env_fns]
         if "torch" in sys.modules:
-            # one scene per process keeps one core busy; torch's default of a thread per core
-            # makes the batch's processes spin against each other (two then step no faster
-            # than one, measured with ManiSkill)
+            # a process keeps one core busy; torch's default of a thread per core makes the
+            # batch's processes spin against each other (two then step no faster than one,
+            # measured with ManiSkill)
             sys.modules["torch"].set_num_threads(1)
-        conn.send_bytes(OK + pickle.dumps(
-            (env.obs_spec, env.action_dim, env.num_reset_states, env.task_description)))
+        conn.send_bytes(OK + pickle.dumps([(e.obs_spec, e.action_dim, e.num_reset_states,
+                                            e.task_description) for e in envs]))
         name, layout = conn.recv()
         shm = shared_memory.SharedMemory(name=name)
-        rows = {k: v[index] for k, v in _views(shm.buf, layout).items()}
+        views = _views(shm.buf, layout)
+        rows = [{k: v[first + j] for k, v in views.items()} for j in range(len(envs))]
         while True:
             msg = conn.recv_bytes()
             tag, payload = msg[:1], msg[1:]
             if tag == CLOSE:
                 break
-            if tag == RESET:
-                env.reset(int(np.frombuffer(payload, np.int64)[0]))
+            if tag == RESET:  # pairs of (index in the block, state id)
+                touched = []
+                for j, state in np.frombuffer(payload, np.int64).reshape(-1, 2):
+                    envs[j].reset(int(state))
+                    touched.append(int(j))
                 reply = b""
-            else:  # CHUNK: actions [C, A] float32
-                actions = np.frombuffer(payload, np.float32).reshape(-1, env.action_dim)
-                reply = np.array([env.step(a) for a in actions], np.float64).tobytes()
-            obs = env.observation()
-            for key, row in rows.items():
-                row[...] = obs[key]
+            else:  # CHUNK: actions [block, C, A] float32
+                actions = np.frombuffer(payload, np.float32).reshape(len(envs), -1, envs[0].action_dim)
+                reply = np.array([[env.step(a) for a in chunk] for env, chunk in zip(envs, actions)],
+                                 np.float64).tobytes()
+                touched = range(len(envs))
+            for j in touched:
+                obs = envs[j].observation()
+                for key, row in rows[j].items():
+                    row[...] = obs[key]
             conn.send_bytes(OK + reply)
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         pass  # the parent is gone or stopping us
@@ -112,13 +124,13 @@ def _child(index: int, env_fn: Callable[[], SingleEnv], conn: Any) -> None:
         except (OSError, ValueError):
             pass
     finally:
-        rows = None
+        rows = views = None
         if shm is not None:
             try:
                 shm.close()
             except BufferError:
                 pass
-        if env is not None:
+        for env in envs:
             try:
                 env.close()
             except Exception:
@@ -158,27 +170,32 @@ class _Resources:
 
 
 class SubprocVectorEnv:
-    """``len(env_fns)`` single-scene envs, each in its own process, stepped together."""
+    """``len(env_fns)`` single-scene envs in ``num_processes`` processes (contiguous blocks of
+    envs; default one process per CPU core, at most one per env), stepped together."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = ()):
+    def __init__(self, env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = (),
+                 num_processes: int | None = None):
         if not env_fns:
             raise ValueError("SubprocVectorEnv needs at least one env factory")
         self.num_envs = len(env_fns)
+        procs = min(self.num_envs, num_processes or os.cpu_count() or 1)
+        self._blocks = np.array_split(np.arange(self.num_envs), procs)
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, self._res.release)
         self._obs: dict[str, np.ndarray] | None = None
         try:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["envs.subproc", *preload])
-            for i, fn in enumerate(env_fns):
+            for i, block in enumerate(self._blocks):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_child, args=(i, fn, child), daemon=True,
-                                   name=f"env-{i}")
+                fns = [env_fns[j] for j in block]
+                proc = ctx.Process(target=_child, args=(int(block[0]), fns, child), daemon=True,
+                                   name=f"envs-{block[0]}-{block[-1]}")
                 proc.start()
                 child.close()
                 self._res.procs.append(proc)
                 self._res.conns.append(parent)
-            specs = [pickle.loads(self._recv(i)) for i in range(self.num_envs)]
+            specs = [spec for i in range(procs) for spec in pickle.loads(self._recv(i))]
             obs_spec, self.action_dim, self.num_reset_states, _ = specs[0]
             for i, spec in enumerate(specs[1:], 1):
                 if spec[:3] != specs[0][:3]:
@@ -203,19 +220,25 @@ class SubprocVectorEnv:
         return self._res.shm.name if self._res.shm is not None else None
 
     def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
-        for i, s in zip(env_ids, state_ids):
-            self._res.conns[i].send_bytes(RESET + np.int64(s).tobytes())
-        for i in env_ids:
+        state = dict(zip(np.asarray(env_ids).tolist(), np.asarray(state_ids).tolist()))
+        busy = []
+        for i, block in enumerate(self._blocks):
+            pairs = [(j, state[e]) for j, e in enumerate(block.tolist()) if e in state]
+            if pairs:
+                self._res.conns[i].send_bytes(RESET + np.array(pairs, np.int64).tobytes())
+                busy.append(i)
+        for i in busy:
             self._recv(i)
         return self._copy_obs()
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
         actions = np.ascontiguousarray(actions, np.float32)
-        for conn, a in zip(self._res.conns, actions):
-            conn.send_bytes(CHUNK + a.tobytes())
-        per_env = np.stack([np.frombuffer(self._recv(i), np.float64).reshape(-1, 3)
-                            for i in range(self.num_envs)])  # [B, C, (reward, terminated, success)]
+        for conn, block in zip(self._res.conns, self._blocks):
+            conn.send_bytes(CHUNK + actions[block[0]:block[-1] + 1].tobytes())
+        chunk = actions.shape[1]
+        per_env = np.concatenate([np.frombuffer(self._recv(i), np.float64).reshape(len(block), chunk, 3)
+                                  for i, block in enumerate(self._blocks)])  # [B, C, (reward, terminated, success)]
         rewards = per_env[..., 0].astype(np.float32)
         return self._copy_obs(), rewards, per_env[..., 1] > 0, per_env[..., 2] > 0
 
@@ -273,10 +296,10 @@ class InProcessEnv:
         return {k: np.array(v)[None] for k, v in self.env.observation().items()}
 
 
-def single_env_batch(env_fns: Sequence[Callable[[], SingleEnv]],
-                     preload: Sequence[str] = ()) -> InProcessEnv | SubprocVectorEnv:
-    """The ``BatchedSim`` for these single-scene envs: in this process when there is one, one
-    subprocess each otherwise."""
+def single_env_batch(env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = (),
+                     num_processes: int | None = None) -> InProcessEnv | SubprocVectorEnv:
+    """The ``BatchedSim`` for these single-scene envs: in this process when there is one, in
+    subprocesses otherwise (see ``SubprocVectorEnv`` for ``num_processes``)."""
     if len(env_fns) == 1:
         return InProcessEnv(env_fns[0])
-    return SubprocVectorEnv(env_fns, preload)
+    return SubprocVectorEnv(env_fns, preload, num_processes)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 POLICIES = Registry("model type", "actor.model.model_type", {
     "mlp": "policies.mlp:MLPPolicy",
     "cnn": "policies.cnn:CNNPolicy",
+    "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
 })
 
 

@@ -84,6 +84,21 @@ def sim():
     s.close()
 
 
+def test_a_process_can_hold_a_block_of_envs():
+    sim = SubprocVectorEnv(make_fns(10**9, 10**9, 10**9, 10**9, 10**9), num_processes=2)
+    try:
+        assert len(sim.pids) == 2
+        obs = sim.reset(np.arange(5), np.array([1, 2, 3, 4, 5]))
+        owners = obs["states"][:, 2].tolist()  # each env writes its process's pid
+        assert owners == [sim.pids[0]] * 3 + [sim.pids[1]] * 2
+        partial = sim.reset(np.array([3]), np.array([8]))
+        np.testing.assert_array_equal(partial["states"][:, 0], [1, 2, 3, 8, 5])
+        _, rewards, _, _ = sim.step_chunk(np.zeros((5, 2, 2), np.float32))
+        np.testing.assert_allclose(rewards[:, 0], [1.1, 2.1, 3.1, 8.1, 5.1], rtol=1e-6)
+    finally:
+        sim.close()
+
+
 def test_observations_come_through_shared_memory_from_separate_processes(sim):
     assert len(set(sim.pids)) == 2 and os.getpid() not in sim.pids
     assert sim.shm_name in shm_segments()

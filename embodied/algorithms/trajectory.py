@@ -1,0 +1,90 @@
+"""From a rollout's time-major trajectory to flat training samples with advantages.
+
+A trajectory holds ``T`` chunk steps of ``B`` envs: ``forward_inputs`` (dict of ``[T, B, ...]``),
+``actions`` / ``logprobs`` ``[T, B, C, A]``, env signals ``rewards`` / ``terminations`` /
+``truncations`` ``[T, B, C]``, and with a critic ``values`` ``[T + 1, B(, C)]`` and
+``final_values`` ``[T, B]`` (value of the observation an episode ended on, for truncation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from embodied.algorithms.advantages import (
+    compute_gae,
+    episode_returns,
+    first_episode_mask,
+    grpo_advantages,
+    nonuniform_group_mask,
+)
+from embodied.algorithms.kl import kl_penalty
+from embodied.algorithms.levels import (
+    check_levels,
+    chunks_to_steps,
+    final_values_to_steps,
+    steps_to_chunks,
+    values_to_steps,
+)
+from policies.base import reduce_logprobs
+
+
+def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
+                     ref_logprobs: Tensor | None = None) -> dict[str, Any]:
+    """Advantages (GAE or GRPO) on the reward level, then everything flattened to ``N = T * B``
+    samples: ``forward_inputs``, ``actions``, ``old_logprobs`` (at ``logprob_type``),
+    ``advantages`` / ``mask`` (and ``returns`` / ``old_values`` with a critic) as ``[N]`` or
+    ``[N, C]``, and ``ref_logprobs`` when the KL goes into the loss.
+
+    ``ref_logprobs`` (per token, ``[T, B, C, A]``) are the reference policy's; with
+    ``use_kl_in_reward`` their KL is subtracted from the rewards before the advantages.
+    """
+    reward_type, level = algo["reward_type"], algo["logprob_type"]
+    check_levels(reward_type, level)
+    steps, batch, chunks = traj["rewards"].shape
+    rewards = traj["rewards"].float()
+    kl_in_reward = ref_logprobs is not None and algo["use_kl_in_reward"] and algo["kl_beta"] > 0
+    if kl_in_reward:
+        token_kl = kl_penalty(traj["logprobs"], ref_logprobs, algo["kl_penalty"])
+        rewards = rewards - algo["kl_beta"] * token_kl.sum(dim=-1)
+    rewards = chunks_to_steps(rewards, reward_type)
+    terminations = chunks_to_steps(traj["terminations"].bool(), reward_type, "any")
+    truncations = chunks_to_steps(traj["truncations"].bool(), reward_type, "any")
+    dones = terminations | truncations
+
+    out: dict[str, Any] = {}
+    if algo["adv_type"] == "gae":
+        values = values_to_steps(traj["values"].float(), reward_type)
+        final = traj.get("final_values")
+        if final is not None:
+            final = final_values_to_steps(final.float(), chunks, reward_type)
+        advantages, returns = compute_gae(rewards, values, terminations, truncations,
+                                          algo["gamma"], algo["gae_lambda"], final)
+        mask = torch.ones_like(advantages, dtype=torch.bool)
+        out["returns"] = _flat(steps_to_chunks(returns, chunks, reward_type))
+        out["old_values"] = _flat(steps_to_chunks(values[:-1], chunks, reward_type))
+    elif algo["adv_type"] == "grpo":
+        mask = first_episode_mask(dones)
+        scores = episode_returns(rewards, dones)
+        if algo["filter_rewards"]:
+            mask = mask & nonuniform_group_mask(scores, algo["group_size"])
+        advantages = grpo_advantages(scores, algo["group_size"]).expand_as(rewards) * mask
+    else:
+        raise ValueError(f"algorithm.adv_type must be gae or grpo, got {algo['adv_type']!r}")
+
+    out["advantages"] = _flat(steps_to_chunks(advantages, chunks, reward_type))
+    out["mask"] = _flat(steps_to_chunks(mask, chunks, reward_type))
+    out["actions"] = _flat(traj["actions"])
+    out["old_logprobs"] = reduce_logprobs(_flat(traj["logprobs"]), level)
+    out["forward_inputs"] = {k: _flat(v) for k, v in traj["forward_inputs"].items()}
+    if ref_logprobs is not None and not kl_in_reward:
+        out["ref_logprobs"] = reduce_logprobs(_flat(ref_logprobs), level)
+    return out
+
+
+def _flat(x: Tensor) -> Tensor:
+    """``[T, B, ...]`` -> ``[T * B, ...]``."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])

@@ -1,0 +1,203 @@
+"""The driver loop. One training step reads like the algorithm:
+
+    sync weights (actor -> rollout) -> roll out (env <-> rollout, pipelined) -> advantages and
+    updates (actor) -> log -> maybe checkpoint -> maybe validate
+
+Where each piece runs is the workers' business; this file only says what happens in what order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from embodied import checkpoint
+from embodied.channel import Channel
+from embodied.cluster import Cluster
+from embodied.loggers import MetricLogger
+from embodied.placement import PlacementPlan
+from embodied.worker import WorkerGroup
+from embodied.workers.actor import ActorWorker
+from embodied.workers.env import EnvWorker
+from embodied.workers.rollout import RolloutWorker, replay_pieces
+
+
+class Runner:
+    def __init__(self, cfg: DictConfig, plan: PlacementPlan):
+        self.cfg, self.plan = cfg, plan
+        self.start = time.monotonic()
+        self.cluster = Cluster.from_config(cfg.cluster)
+        queues = {cfg.env.channel.queue_name: cfg.env.channel.queue_size,
+                  cfg.rollout.channel.queue_name: cfg.rollout.channel.queue_size,
+                  cfg.actor.channel.queue_name: cfg.actor.channel.queue_size}
+        self.channel = Channel.create(cfg.env.channel.name, maxsize=queues)
+        env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
+        self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env",
+                                      name=cfg.env.group_name, args=(cfg, self.channel))
+        self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",
+                                          name=cfg.rollout.group_name,
+                                          args=(cfg, self.channel, env_ranks, actor_ranks))
+        self.actor = None
+        if not cfg.runner.only_eval:
+            self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor",
+                                            name=cfg.actor.group_name, args=(cfg, self.channel))
+        chunks = cfg.actor.model.num_action_chunks
+        self.train_chunk_steps = cfg.env.train.max_episode_steps // chunks
+        self.eval_chunk_steps = cfg.env.eval.max_episode_steps // chunks
+        rollout_ranks = plan.world_size("rollout")
+        pieces = replay_pieces(rollout_ranks, actor_ranks, cfg.env.train.total_num_envs // rollout_ranks)
+        self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(actor_ranks))
+        self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
+        self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
+        self.step, self.env_steps = 0, 0
+
+    # ---------------------------------------------------------------- training
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg.runner
+        self._maybe_resume()
+        last = cfg.max_steps if cfg.max_steps > 0 else cfg.max_epochs
+        summary: dict[str, Any] = {}
+        if cfg.val_before_train and self.step == 0:
+            self.sync_weights()
+            metrics = self.evaluate()
+            self.logger.log(metrics, 0)
+            summary["eval_success_before"] = metrics["eval/success_once"]
+        with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+            while self.step < last:
+                self.step += 1
+                metrics = self.train_step()
+                if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
+                    metrics.update(self.evaluate())
+                    summary["eval_success"] = metrics["eval/success_once"]
+                self.logger.log(metrics, self.step)
+                if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
+                    self.save()
+                bar.update(1)
+                bar.set_postfix(env_steps=self.env_steps,
+                                steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
+                                success=f"{metrics.get('train/success_once', float('nan')):.2f}")
+        if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
+            self.save()  # the final weights are always kept
+        return summary | self._totals()
+
+    def train_step(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        tic = time.monotonic()
+        self.sync_weights()
+        metrics["time/sync"] = time.monotonic() - tic
+
+        tic = time.monotonic()
+        calls = []
+        for epoch in range(self.cfg.algorithm.rollout_epoch):
+            seed = self.step * self.cfg.algorithm.rollout_epoch + epoch
+            calls.append(self.env.execute("interact", "train", self.train_chunk_steps))
+            self.rollout.execute("generate", "train", self.train_chunk_steps, seed)
+        update = self.actor.execute("update", self.step, self.pieces_per_actor * self.cfg.algorithm.rollout_epoch)
+        env_metrics = [_merge_ranks(call.wait()) for call in calls]
+        metrics["time/rollout"] = time.monotonic() - tic
+        metrics.update(_mean_dicts(env_metrics))
+        steps = sum(m["train/env_steps"] for m in env_metrics)
+        self.env_steps += int(steps)
+        metrics["time/env_steps_per_s"] = steps / metrics["time/rollout"]
+
+        tic = time.monotonic()
+        metrics.update(update.wait()[0])
+        metrics["time/update"] = time.monotonic() - tic
+        metrics["train/total_env_steps"] = float(self.env_steps)
+        return metrics
+
+    def sync_weights(self) -> None:
+        weights = self.actor.execute("get_weights").wait()[0]
+        self.rollout.execute("set_weights", weights).wait()
+
+    # -------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on the eval envs; success, return and length per episode."""
+        tic = time.monotonic()
+        env_call = self.env.execute("interact", "eval", self.eval_chunk_steps)
+        self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
+        metrics = _merge_ranks(env_call.wait())
+        metrics["time/eval"] = time.monotonic() - tic
+        return metrics
+
+    def evaluate_checkpoint(self) -> dict[str, Any]:
+        """``embodied-eval``: load the checkpoint's weights into the rollout workers and evaluate."""
+        folder = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
+        weights = torch.load(Path(folder) / "actor" / "model.pt", map_location="cpu", weights_only=True)
+        self.rollout.execute("set_weights", weights).wait()
+        metrics = self.evaluate()
+        self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
+        print(f"eval of {folder}: success {metrics['eval/success_once']:.3f} over "
+              f"{int(metrics['eval/episodes'])} episodes ({self.cfg.env.eval.init_params.get('id', '')})")
+        return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"]} | self._totals()
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        folder = checkpoint.partial_dir(self.ckpt_root, self.step)
+        self.actor.execute("save", str(folder)).wait()
+        return checkpoint.commit(self.ckpt_root, self.step, {"env_steps": self.env_steps},
+                                 keep=self.cfg.runner.max_ckpts_to_keep)
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.runner.resume_dir
+        if resume is None:
+            return
+        if resume == "auto":
+            folder = checkpoint.latest(self.ckpt_root)
+            if folder is None:
+                return
+        else:
+            folder = checkpoint.resolve(resume, "runner.resume_dir")
+        self.actor.execute("load", str(folder)).wait()
+        state = checkpoint.read_trainer_state(folder)
+        self.step, self.env_steps = state["step"], state["env_steps"]
+        print(f"resumed from {folder} at step {self.step}", flush=True)
+
+    def _totals(self) -> dict[str, Any]:
+        return {"env_steps": self.env_steps, "wall_s": round(time.monotonic() - self.start, 1)}
+
+    def close(self) -> None:
+        self.logger.close()
+        for group in (self.actor, self.rollout, self.env):
+            if group is not None:
+                group.shutdown()
+        self.channel.close()
+        self.cluster.shutdown()
+
+
+def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Episode means weighted by each rank's episode count; counts and env steps summed."""
+    out: dict[str, float] = {}
+    for split in {k.split("/")[0] for m in per_rank for k in m}:
+        episodes = [m.get(f"{split}/episodes", 0.0) for m in per_rank]
+        total = sum(episodes)
+        for key in {k for m in per_rank for k in m if k.startswith(split + "/")}:
+            if key.endswith(("/episodes", "/env_steps")):
+                out[key] = sum(m.get(key, 0.0) for m in per_rank)
+            elif total:
+                out[key] = sum(m.get(key, 0.0) * n for m, n in zip(per_rank, episodes)) / total
+    return out
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for d in dicts for k in d}
+    return {k: sum(d[k] for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
+
+
+def run(cfg: DictConfig, plan: PlacementPlan) -> dict[str, Any]:
+    """Train (or with ``runner.only_eval`` evaluate) and return the figures of the final JSON line."""
+    runner = Runner(cfg, plan)
+    try:
+        return runner.evaluate_checkpoint() if cfg.runner.only_eval else runner.fit()
+    finally:
+        runner.close()
+
+
+def print_result(result: dict[str, Any]) -> None:
+    print(json.dumps(result), flush=True)

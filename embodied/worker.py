@@ -1,0 +1,278 @@
+"""Workers: one Ray actor per rank, launched as a group onto the devices of the placement plan.
+
+The driver calls a method on every rank of a group and waits on the returned handle::
+
+    group = WorkerGroup.launch(EnvWorker, cluster, plan, "env", name="EnvGroup", args=(cfg,))
+    obs = group.execute("reset").wait()            # one result per rank
+
+Before a worker's ``__init__`` runs it knows its ``rank``, ``world_size``, ``device`` and
+``group_name``, and its process has the environment ``torch.distributed`` reads (``MASTER_ADDR``,
+``MASTER_PORT`` on rank 0's node, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``;
+on GPUs ``CUDA_VISIBLE_DEVICES`` names the rank's GPU), so ``dist.init_process_group(backend)``
+needs no arguments.
+
+No hangs: while the driver waits on any handle it also watches every other call in flight and
+every live group (each rank keeps a call open that only ends when its process dies). A rank that
+raises, or whose process dies, even while idle or while the driver waits on another group, ends
+the wait within seconds with a ``WorkerError`` naming group and rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import weakref
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from embodied.cluster import Cluster
+from embodied.placement import Device, PlacementPlan
+
+START_TIMEOUT_S = 300.0  # how long Ray may take to start a group's processes
+
+
+class WorkerError(RuntimeError):
+    """A rank of a worker group raised or died."""
+
+    def __init__(self, group: str, rank: int, what: str) -> None:
+        super().__init__(f"{group} rank {rank} {what}")
+        self.group, self.rank = group, rank
+
+
+class Worker:
+    """Base class of every role's worker; one instance per rank, each in its own process."""
+
+    group_name: str
+    rank: int
+    world_size: int
+    device: Device
+    accelerator: str
+
+    def offload(self) -> None:
+        """Release heavy state (weights, optimizer, simulator) so that a collocated group can
+        use the device; ``reload`` restores it. Does nothing unless a role overrides it."""
+
+    def reload(self) -> None:
+        """Restore what ``offload`` released. Does nothing unless a role overrides it."""
+
+
+@ray.remote(concurrency_groups={"watch": 1})
+class _Host:
+    """The Ray actor of one rank: holds the worker object and runs its methods."""
+
+    def __init__(self, group: str, rank: int) -> None:
+        self._label = f"{group}[{rank}]"
+        self.worker: Worker | None = None
+
+    def __repr__(self) -> str:  # Ray prefixes the rank's log lines with this
+        return self._label
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a port free on it, for torch.distributed's rendezvous."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def construct(self, cls: type, identity: dict, env: dict, args: tuple, kwargs: dict) -> None:
+        os.environ.update(env)
+        gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+        if identity["accelerator"] == "gpu":
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        worker = cls.__new__(cls)
+        for attr, value in identity.items():
+            setattr(worker, attr, value)
+        worker.__init__(*args, **kwargs)
+        self.worker = worker
+
+    def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        """Never returns: its result turns into an error when this process dies."""
+        threading.Event().wait()
+
+
+_LIVE_GROUPS: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+_CALLS: set[GroupCall] = set()  # held until settled, so a call nobody waits on still reports
+
+
+def _watched() -> dict[ray.ObjectRef, tuple[Any, int]]:
+    """Every ref the driver must watch: pending results of all calls, and the groups' watches."""
+    refs: dict[ray.ObjectRef, tuple[Any, int]] = {}
+    for call in list(_CALLS):
+        refs.update((ref, (call, rank)) for ref, rank in call._pending.items())
+    for group in list(_LIVE_GROUPS):
+        refs.update((ref, (group, rank)) for ref, rank in group._watches.items())
+    return refs
+
+
+class GroupCall:
+    """Handle of one method call on every rank of a group."""
+
+    def __init__(self, group: WorkerGroup, method: str, refs: list[ray.ObjectRef]) -> None:
+        self.group = group
+        self.method = method
+        self._pending = {ref: rank for rank, ref in enumerate(refs)}
+        self._results: list[Any] = [None] * len(refs)
+        self._error: WorkerError | None = None
+        _CALLS.add(self)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """The result of every rank, in rank order. Raises WorkerError as soon as any rank of any
+        live group fails, and TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending and self._error is None:
+            watched = _watched()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(watched), num_returns=1, timeout=left)
+            if not ready:
+                ranks = sorted(self._pending.values())
+                raise TimeoutError(
+                    f"{self.group.name}.{self.method}() not done after {timeout}s on rank(s) {ranks}"
+                )
+            owner, rank = watched[ready[0]]
+            owner._settle(ready[0], rank)
+        if self._error is not None:
+            raise self._error
+        return self._results
+
+    def done(self) -> bool:
+        """Whether every rank has finished (successfully or not)."""
+        if self._error is not None or not self._pending:
+            return True
+        ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+        return len(ready) == len(self._pending)
+
+    def _settle(self, ref: ray.ObjectRef, rank: int) -> None:
+        try:
+            self._results[rank] = ray.get(ref)
+            del self._pending[ref]
+        except RayActorError as err:
+            error = WorkerError(self.group.name, rank, f"died during {self.method}(): {err}")
+            self.group._mark_dead(error)
+            self._fail(error, err)
+        except RayTaskError as err:
+            cause = err.cause if getattr(err, "cause", None) is not None else err
+            what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
+            self._fail(WorkerError(self.group.name, rank, what), err)
+        except RayError as err:
+            self._fail(WorkerError(self.group.name, rank, f"failed in {self.method}(): {err}"), err)
+        if not self._pending:
+            _CALLS.discard(self)
+
+    def _fail(self, error: WorkerError, cause: BaseException) -> None:
+        error.__cause__ = cause
+        self._error = error
+        _CALLS.discard(self)
+        raise error
+
+
+class WorkerGroup:
+    """The ranks of one role (``EnvGroup``, ``RolloutGroup``, ``ActorGroup``), one Ray actor each."""
+
+    def __init__(
+        self,
+        name: str,
+        component: str,
+        worker_cls: type[Worker],
+        devices: tuple[Device, ...],
+        hosts: list,
+        cluster: Cluster,
+    ) -> None:
+        self.name = name
+        self.component = component
+        self.worker_cls = worker_cls
+        self.devices = devices
+        self.world_size = len(devices)
+        self._hosts = hosts
+        self._cluster = cluster
+        self._watches: dict[ray.ObjectRef, int] = {}
+        self._error: WorkerError | None = None
+
+    @classmethod
+    def launch(
+        cls,
+        worker_cls: type[Worker],
+        cluster: Cluster,
+        plan: PlacementPlan,
+        component: str,
+        name: str | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+    ) -> WorkerGroup:
+        """Start one ``worker_cls(*args, **kwargs)`` per device that ``plan`` gives ``component``;
+        returns once every rank's ``__init__`` has finished (WorkerError if one raised)."""
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            raise TypeError(f"{worker_cls!r} is not a subclass of embodied.worker.Worker")
+        name = name or component
+        devices = plan.devices(component)
+        options = cluster.claim(name, plan, component)
+        hosts = [_Host.options(**opt).remote(name, rank) for rank, opt in enumerate(options)]
+        group = cls(name, component, worker_cls, devices, hosts, cluster)
+        try:
+            ip, port = GroupCall(group, "start", [hosts[0].address.remote()]).wait(START_TIMEOUT_S)[0]
+            group._watches = {host.watch.remote(): rank for rank, host in enumerate(hosts)}
+            _LIVE_GROUPS.add(group)
+            refs = []
+            for rank, (host, device) in enumerate(zip(hosts, devices)):
+                on_node = [r for r, d in enumerate(devices) if d.node == device.node]
+                env = {
+                    "MASTER_ADDR": ip,
+                    "MASTER_PORT": str(port),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(len(devices)),
+                    "LOCAL_RANK": str(on_node.index(rank)),
+                    "LOCAL_WORLD_SIZE": str(len(on_node)),
+                }
+                identity = dict(
+                    group_name=name, rank=rank, world_size=len(devices), device=device,
+                    accelerator=plan.accelerator,
+                )
+                refs.append(host.construct.remote(worker_cls, identity, env, args, kwargs or {}))
+            GroupCall(group, "__init__", refs).wait()
+        except BaseException:
+            group.shutdown()
+            raise
+        return group
+
+    def execute(self, method: str, *args: Any, **kwargs: Any) -> GroupCall:
+        """Call ``method(*args, **kwargs)`` on every rank; returns at once with the handle."""
+        if self._error is not None:
+            raise self._error
+        if not callable(getattr(self.worker_cls, method, None)):
+            raise AttributeError(f"{self.name}: {self.worker_cls.__name__} has no method {method!r}")
+        return GroupCall(self, method, [h.execute.remote(method, args, kwargs) for h in self._hosts])
+
+    def shutdown(self) -> None:
+        """Stop every rank's process and give its devices back to the cluster."""
+        _LIVE_GROUPS.discard(self)
+        for call in [c for c in list(_CALLS) if c.group is self]:
+            _CALLS.discard(call)
+        self._watches = {}
+        for host in self._hosts:
+            ray.kill(host)
+        self._hosts = []
+        self._cluster.release(self.name)
+
+    def _settle(self, ref: ray.ObjectRef, rank: int) -> None:
+        """A watch ended: the rank's process is gone."""
+        try:
+            ray.get(ref)
+            detail = "its process exited"
+        except RayError as err:
+            detail = str(err)
+        self._mark_dead(WorkerError(self.name, rank, f"died: {detail}"))
+        raise self._error
+
+    def _mark_dead(self, error: WorkerError) -> None:
+        self._error = error
+        _LIVE_GROUPS.discard(self)
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, {self.worker_cls.__name__}, world_size={self.world_size})"

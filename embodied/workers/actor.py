@@ -1,0 +1,209 @@
+"""Actor: the policy under FSDP2 (gloo on CPU, NCCL on GPU), trained with PPO or GRPO on the
+trajectories the rollout workers send through the replay channel."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from embodied.algorithms import actor_critic_loss, loss_hyperparameters
+from embodied.algorithms.trajectory import training_samples
+from embodied.channel import Channel
+from embodied.worker import Worker
+from policies import build_policy
+from policies.base import reduce_logprobs, split_value_parameters
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class ActorWorker(Worker):
+    def __init__(self, cfg: DictConfig, channel: Channel):
+        self.cfg, self.channel = cfg, channel
+        self.algo = cfg.algorithm
+        self.torch_device = torch.device("cuda" if self.accelerator == "gpu" else "cpu")
+        dist.init_process_group("nccl" if self.accelerator == "gpu" else "gloo")
+        torch.manual_seed(cfg.actor.seed)  # identical initial weights on every rank
+        policy = build_policy(cfg.actor.model).to(self.torch_device)
+        self.reference = None
+        if self.algo.kl_beta > 0:
+            self.reference = copy.deepcopy(policy).requires_grad_(False)
+        reshard = cfg.actor.fsdp_config.reshard_after_forward
+        for unit in getattr(policy, "shard_units", list)():  # large models shard block by block
+            fully_shard(unit, reshard_after_forward=reshard)
+        self.policy = fully_shard(policy, reshard_after_forward=reshard)
+        optim = cfg.actor.optim
+        rest, value = split_value_parameters(self.policy)
+        groups = [{"params": rest, "lr": optim.lr}]
+        if value:
+            groups.append({"params": value, "lr": optim.value_lr})
+        self.optimizer = torch.optim.Adam(groups, betas=(optim.adam_beta1, optim.adam_beta2),
+                                          eps=optim.adam_eps, weight_decay=optim.weight_decay)
+        self.loss_args = loss_hyperparameters(self.algo)
+        if self.algo.use_kl_in_reward:
+            self.loss_args["kl_beta"] = 0.0  # the KL is already in the rewards
+
+    def update(self, step: int, num_pieces: int) -> dict[str, float]:
+        """Take this rank's ``num_pieces`` trajectory pieces from the replay channel, compute
+        advantages, run ``update_epochs`` passes of minibatch updates; returns metrics averaged
+        over ranks."""
+        queue = f"{self.cfg.actor.channel.queue_name}/{self.rank}"
+        samples = [self._samples(self.channel.get(queue)) for _ in range(num_pieces)]
+        batch = _concat(samples)
+        self._normalize(batch)
+        count = batch["advantages"].shape[0]
+        per_rank = self.cfg.actor.global_batch_size // self.world_size
+        micro = self.cfg.actor.micro_batch_size
+        generator = torch.Generator().manual_seed(self.cfg.actor.seed + step * 1000 + self.rank)
+        sums: dict[str, float] = defaultdict(float)
+        updates, planned = 0, self.algo.update_epochs * (count // per_rank)
+        self.policy.train()
+        for _ in range(self.algo.update_epochs):
+            order = torch.randperm(count, generator=generator)
+            for start in range(0, count - per_rank + 1, per_rank):
+                metrics = self._minibatch(batch, order[start:start + per_rank], micro)
+                for key, value in metrics.items():
+                    sums[key] += value
+                updates += 1
+                if self._kl_exceeded(metrics["actor/approx_kl"]):
+                    break
+            else:
+                continue
+            break
+        metrics = {k: v / max(updates, 1) for k, v in sums.items()}
+        metrics["actor/lr"] = self.cfg.actor.optim.lr
+        metrics["actor/update_fraction"] = updates / max(planned, 1)
+        return _mean_over_ranks(metrics)
+
+    def _minibatch(self, batch: dict[str, Any], index: torch.Tensor, micro: int) -> dict[str, float]:
+        """One optimizer step, accumulating gradients over micro-batches (synced on the last)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = list(index.split(micro))
+        sums: dict[str, float] = defaultdict(float)
+        for i, part in enumerate(parts):
+            self.policy.set_requires_gradient_sync(i == len(parts) - 1)
+            loss, metrics = self._loss(_index(batch, part))
+            (loss / len(parts)).backward()
+            for key, value in metrics.items():
+                sums[key] += float(value) / len(parts)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
+        sums["actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        self.optimizer.step()
+        return sums
+
+    def _kl_exceeded(self, approx_kl: float) -> bool:
+        """``algorithm.target_kl``: every rank stops at the same minibatch (mean KL over ranks)."""
+        if self.algo.target_kl is None:
+            return False
+        kl = torch.tensor([approx_kl], dtype=torch.float64)
+        dist.all_reduce(kl)
+        return kl.item() / self.world_size > self.algo.target_kl
+
+    def _samples(self, traj: dict[str, Any]) -> dict[str, Any]:
+        traj = _to_tensors(traj, self.torch_device)
+        ref = None
+        if self.reference is not None:
+            ref = self._reference_logprobs(traj)
+        return training_samples(traj, self.algo, ref)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, traj: dict[str, Any]) -> torch.Tensor:
+        steps, envs = traj["actions"].shape[:2]
+        flat = {k: v.flatten(0, 1) for k, v in traj["forward_inputs"].items()}
+        out = self.reference.evaluate(flat, traj["actions"].flatten(0, 1))
+        return out.logprobs.reshape(steps, envs, *out.logprobs.shape[1:])
+
+    def _normalize(self, batch: dict[str, Any]) -> None:
+        """Advantage normalization over the whole global batch (all ranks), valid samples only."""
+        if not self.algo.normalize_advantages:
+            return
+        adv, mask = batch["advantages"], batch["mask"].float()
+        stats = torch.stack([(adv * mask).sum(), (adv * adv * mask).sum(), mask.sum()]).double()
+        dist.all_reduce(stats)
+        total, total_sq, n = stats.tolist()
+        mean = total / max(n, 1)
+        std = max(total_sq / max(n, 1) - mean * mean, 0.0) ** 0.5
+        batch["advantages"] = (adv - mean) / (std + 1e-8) * mask
+
+    def _loss(self, mb: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = self.policy(mb["forward_inputs"], mb["actions"])
+        level = self.algo.logprob_type
+        entropy = None
+        if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
+            entropy = reduce_logprobs(out.entropy, self.algo.entropy_type)
+        return actor_critic_loss(
+            logprobs=reduce_logprobs(out.logprobs, level), old_logprobs=mb["old_logprobs"],
+            advantages=mb["advantages"], mask=mb["mask"], entropy=entropy,
+            values=out.values if "returns" in mb else None, old_values=mb.get("old_values"),
+            returns=mb.get("returns"), ref_logprobs=mb.get("ref_logprobs"), **self.loss_args,
+        )
+
+    def get_weights(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded weights on rank 0 for the rollout workers (None on other ranks): only the
+        LoRA adapters and value head when training LoRA, else the whole model."""
+        if self.cfg.actor.model.is_lora:
+            from policies.openvla_oft.lora import adapter_state_dict
+
+            state = adapter_state_dict(self.policy)
+        else:
+            state = get_model_state_dict(self.policy, options=FULL)
+        return state if self.rank == 0 else None
+
+    def save(self, folder: str) -> None:
+        """Model (``torch.load``-able full state dict) and optimizer from rank 0."""
+        model = get_model_state_dict(self.policy, options=FULL)
+        optim = get_optimizer_state_dict(self.policy, self.optimizer, options=FULL)
+        if self.rank == 0:
+            path = Path(folder) / "actor"
+            path.mkdir(parents=True, exist_ok=True)
+            torch.save(model, path / "model.pt")
+            torch.save(optim, path / "optimizer.pt")
+        dist.barrier()
+
+    def load(self, folder: str, with_optimizer: bool = True) -> None:
+        path = Path(folder) / "actor"
+        model = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+        set_model_state_dict(self.policy, model, options=StateDictOptions(full_state_dict=True))
+        if with_optimizer:
+            optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+            set_optimizer_state_dict(self.policy, self.optimizer, optim,
+                                     options=StateDictOptions(full_state_dict=True))
+
+
+def _to_tensors(tree: Any, device: torch.device) -> Any:
+    """Channel payloads (numpy views of shared memory) -> tensors the actor owns."""
+    if isinstance(tree, dict):
+        return {k: _to_tensors(v, device) for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device, copy=True)
+    return torch.as_tensor(tree).to(device, copy=True)
+
+
+def _concat(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    first = samples[0]
+    return {k: _concat([s[k] for s in samples]) if isinstance(first[k], dict)
+            else torch.cat([s[k] for s in samples]) for k in first}
+
+
+def _index(batch: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+    return {k: _index(v, index) if isinstance(v, dict) else v[index] for k, v in batch.items()}
+
+
+def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    keys = sorted(metrics)
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(keys, (values / dist.get_world_size()).tolist()))
