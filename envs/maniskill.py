@@ -5,9 +5,10 @@
 ``wrist_camera``, and the robot's proprioception plus task extras as ``states``), the
 ``control_mode``, the camera size and ``sim_backend``:
 
-- ``cpu``: ManiSkill's CPU simulation holds one scene per env, so every env runs in its own
-  subprocess (``SubprocVectorEnv``) and the batch steps in parallel on a multi-core machine; a
-  lone env steps in this process.
+- ``cpu``: ManiSkill's CPU simulation holds one scene per env instance, so the envs run in
+  subprocesses (``SubprocVectorEnv``: blocks of envs, one process per core unless
+  ``env.num_processes`` says otherwise) and the batch steps in parallel on a multi-core machine;
+  a lone env steps in this process.
 - ``gpu``: ManiSkill's batched GPU simulation, all ``num_envs`` scenes in this process. Written
   against ManiSkill's documented API and not run here (no GPU on the development machines).
 
