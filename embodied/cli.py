@@ -67,7 +67,7 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved plan and exit without starting anything")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.optim.lr=1e-4")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> int:
@@ -98,4 +98,5 @@ def train(argv: Sequence[str] | None = None) -> None:
 
 def evaluate(argv: Sequence[str] | None = None) -> None:
     """Evaluation only: greedy episodes of ``runner.ckpt_path`` on the eval envs."""
-    sys.exit(_main(argv, "embodied-eval", extra=["runner.only_eval=true"]))
+    sys.exit(_main(argv, "embodied-eval", extra=[
+        "runner.only_eval=true", "env.eval.video_cfg.video_base_dir=videos/${runner.experiment_name}"]))

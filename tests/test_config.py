@@ -179,3 +179,11 @@ def test_console_script_exit_code_is_2_on_a_bad_value():
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "embodied-eval: config error: actor.optim.lr = -1: expected a number > 0"
+
+
+def test_overrides_and_options_may_come_in_any_order(capsys):
+    code = cli._main(["actor.optim.lr=1e-4", "--config-name", "maniskill_grpo_mlp", "--dry-run",
+                      "runner.max_epochs=3"], "embodied-train")
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "experiment: maniskill_grpo_mlp" in out and "lr 0.0001" in out and "steps: 3," in out
