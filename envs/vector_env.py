@@ -237,10 +237,10 @@ class VectorEnv:
         return {**obs, "task_descriptions": list(self.sim.task_descriptions)}
 
 
-def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> Any:
+def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str | None = None) -> Any:
     """The vector env an env worker owns: ``num_envs`` envs of ``env_cfg.env_type``, the first of
     which has global index ``seed_offset``, wrapped in a video recorder when
-    ``env_cfg.video_cfg.save_video`` is on."""
+    ``env_cfg.video_cfg.save_video`` is on (its files start with ``name``)."""
     from envs import ENVS
 
     if not (isinstance(num_envs, int) and num_envs >= 1):
@@ -250,7 +250,7 @@ def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> Any:
         from envs.video import VideoRecorder
 
         try:
-            env = VideoRecorder.from_config(env, env_cfg, name=f"envs{seed_offset}")
+            env = VideoRecorder.from_config(env, env_cfg, name=name or f"envs{seed_offset}")
         except BaseException:
             env.close()
             raise

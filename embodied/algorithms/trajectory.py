@@ -8,7 +8,7 @@ A trajectory holds ``T`` chunk steps of ``B`` envs: ``forward_inputs`` (dict of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -88,3 +88,17 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
 def _flat(x: Tensor) -> Tensor:
     """``[T, B, ...]`` -> ``[T * B, ...]``."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``fn`` on every leaf of a nested dict (trajectories hold ``forward_inputs`` as a dict)."""
+    if isinstance(tree, Mapping):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def tree_cat(trees: list[Mapping[str, Any]], dim: int) -> dict[str, Any]:
+    """Concatenate nested dicts of tensors leaf by leaf along ``dim``."""
+    first = trees[0]
+    return {k: tree_cat([t[k] for t in trees], dim) if isinstance(first[k], Mapping)
+            else torch.cat([t[k] for t in trees], dim=dim) for k in first}

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 from embodied.algorithms import actor_critic_loss, loss_hyperparameters
-from embodied.algorithms.trajectory import training_samples
+from embodied.algorithms.trajectory import training_samples, tree_cat, tree_map
 from embodied.channel import Channel
 from embodied.worker import Worker
 from policies import build_policy
@@ -62,7 +62,7 @@ class ActorWorker(Worker):
         over ranks."""
         queue = f"{self.cfg.actor.channel.queue_name}/{self.rank}"
         samples = [self._samples(self.channel.get(queue)) for _ in range(num_pieces)]
-        batch = _concat(samples)
+        batch = tree_cat(samples, dim=0)
         self._normalize(batch)
         count = batch["advantages"].shape[0]
         per_rank = self.cfg.actor.global_batch_size // self.world_size
@@ -71,18 +71,13 @@ class ActorWorker(Worker):
         sums: dict[str, float] = defaultdict(float)
         updates, planned = 0, self.algo.update_epochs * (count // per_rank)
         self.policy.train()
-        for _ in range(self.algo.update_epochs):
-            order = torch.randperm(count, generator=generator)
-            for start in range(0, count - per_rank + 1, per_rank):
-                metrics = self._minibatch(batch, order[start:start + per_rank], micro)
-                for key, value in metrics.items():
-                    sums[key] += value
-                updates += 1
-                if self._kl_exceeded(metrics["actor/approx_kl"]):
-                    break
-            else:
-                continue
-            break
+        for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
+            metrics = self._minibatch(batch, index, micro)
+            for key, value in metrics.items():
+                sums[key] += value
+            updates += 1
+            if self._kl_exceeded(metrics["actor/approx_kl"]):
+                break
         metrics = {k: v / max(updates, 1) for k, v in sums.items()}
         metrics["actor/lr"] = self.cfg.actor.optim.lr
         metrics["actor/update_fraction"] = updates / max(planned, 1)
@@ -95,7 +90,7 @@ class ActorWorker(Worker):
         sums: dict[str, float] = defaultdict(float)
         for i, part in enumerate(parts):
             self.policy.set_requires_gradient_sync(i == len(parts) - 1)
-            loss, metrics = self._loss(_index(batch, part))
+            loss, metrics = self._loss(tree_map(lambda x: x[part], batch))
             (loss / len(parts)).backward()
             for key, value in metrics.items():
                 sums[key] += float(value) / len(parts)
@@ -113,7 +108,8 @@ class ActorWorker(Worker):
         return kl.item() / self.world_size > self.algo.target_kl
 
     def _samples(self, traj: dict[str, Any]) -> dict[str, Any]:
-        traj = _to_tensors(traj, self.torch_device)
+        # channel payloads are numpy views of shared memory: copy into tensors the actor owns
+        traj = tree_map(lambda x: torch.as_tensor(x).to(self.torch_device, copy=True), traj)
         ref = None
         if self.reference is not None:
             ref = self._reference_logprobs(traj)
@@ -183,23 +179,12 @@ class ActorWorker(Worker):
                                      options=StateDictOptions(full_state_dict=True))
 
 
-def _to_tensors(tree: Any, device: torch.device) -> Any:
-    """Channel payloads (numpy views of shared memory) -> tensors the actor owns."""
-    if isinstance(tree, dict):
-        return {k: _to_tensors(v, device) for k, v in tree.items()}
-    if isinstance(tree, torch.Tensor):
-        return tree.to(device, copy=True)
-    return torch.as_tensor(tree).to(device, copy=True)
-
-
-def _concat(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    first = samples[0]
-    return {k: _concat([s[k] for s in samples]) if isinstance(first[k], dict)
-            else torch.cat([s[k] for s in samples]) for k in first}
-
-
-def _index(batch: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
-    return {k: _index(v, index) if isinstance(v, dict) else v[index] for k, v in batch.items()}
+def _minibatches(count: int, size: int, epochs: int, generator: torch.Generator):
+    """Sample indices of each minibatch: ``epochs`` shuffled passes, a partial last one dropped."""
+    for _ in range(epochs):
+        order = torch.randperm(count, generator=generator)
+        for start in range(0, count - size + 1, size):
+            yield order[start:start + size]
 
 
 def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:

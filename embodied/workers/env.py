@@ -10,9 +10,8 @@ from omegaconf import DictConfig
 
 from embodied.channel import Channel
 from embodied.worker import Worker
-from envs import ENVS
 from envs.episode_stats import EpisodeStats
-from envs.video import VideoRecorder
+from envs.vector_env import make_vector_env
 
 
 def obs_key(cfg: DictConfig, split: str, env_rank: int, stage: int) -> str:
@@ -37,14 +36,11 @@ class EnvWorker(Worker):
             env_cfg = self.cfg.env[split]
             per_worker = env_cfg.total_num_envs // self.world_size
             per_stage = per_worker // self.stages
-            make = ENVS.get(env_cfg.env_type)
-            envs = []
-            for stage in range(self.stages):
-                env = make(env_cfg, per_stage, seed_offset=self.rank * per_worker + stage * per_stage)
-                if env_cfg.video_cfg.save_video:
-                    env = VideoRecorder.from_config(env, env_cfg, f"{split}_rank{self.rank}_stage{stage}")
-                envs.append(env)
-            self.envs[split] = envs
+            self.envs[split] = [
+                make_vector_env(env_cfg, per_stage, seed_offset=self.rank * per_worker + stage * per_stage,
+                                name=f"{split}_rank{self.rank}_stage{stage}")
+                for stage in range(self.stages)
+            ]
         return self.envs[split]
 
     def interact(self, split: str, num_chunk_steps: int) -> dict[str, float]:

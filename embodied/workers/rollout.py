@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from embodied.algorithms.trajectory import tree_cat, tree_map
 from embodied.channel import Channel
 from embodied.worker import Worker
 from embodied.workers.env import action_key, obs_key
@@ -113,21 +114,10 @@ class RolloutWorker(Worker):
         return traj
 
     def _send(self, trajectories: list[dict[str, Any]]) -> None:
-        traj = _cat_columns(trajectories)
+        traj = tree_cat(trajectories, dim=1)
         envs = traj["rewards"].shape[1]
         queue = self.cfg.actor.channel.queue_name
         for r, k, start, stop in replay_pieces(self.world_size, self.actor_world_size, envs):
             if r == self.rank:
-                piece = _columns(traj, start, stop)
+                piece = tree_map(lambda x: x[:, start:stop].numpy(), traj)
                 self.channel.put(f"{queue}/{k}", piece)
-
-
-def _cat_columns(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
-    first = trajectories[0]
-    return {k: _cat_columns([t[k] for t in trajectories]) if isinstance(first[k], dict)
-            else torch.cat([t[k] for t in trajectories], dim=1) for k in first}
-
-
-def _columns(traj: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
-    return {k: _columns(v, start, stop) if isinstance(v, dict) else v[:, start:stop].numpy()
-            for k, v in traj.items()}
