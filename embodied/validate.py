@@ -23,6 +23,7 @@ LEVELS = ("token_level", "action_level", "chunk_level")
 CHOICES: dict[str, tuple[str, ...]] = {
     "runner.task_type": ("embodied", "math"),
     "algorithm.adv_type": ("gae", "grpo"),
+    "algorithm.bootstrap_at_done": ("truncated", "always"),
     "algorithm.loss_type": ("ppo",),
     "algorithm.loss_agg_func": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algorithm.kl_penalty": KL_ESTIMATORS,

@@ -19,9 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def tiny(out: Path, name: str = "tiny") -> list[str]:
-    """PPO on PushCube with 4 envs and 10-step episodes: seconds per step."""
+    """PPO on PushCube with 4 envs and 10-step episodes: seconds per step; the actor on both CPU
+    slots, so its two FSDP2 ranks sync over gloo."""
     return [
         f"runner.output_dir={out}", f"runner.experiment_name={name}", "runner.val_check_interval=-1",
+        "cluster.component_placement.actor=all",
         "env.train.total_num_envs=4", "env.train.max_episode_steps=10", "env.train.auto_reset=false",
         "env.eval.total_num_envs=4", "env.eval.max_episode_steps=10",
         "actor.global_batch_size=20", "actor.micro_batch_size=10", "algorithm.update_epochs=2",

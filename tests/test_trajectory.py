@@ -8,7 +8,7 @@ from embodied.algorithms.trajectory import training_samples
 
 ALGO = dict(reward_type="chunk_level", logprob_type="action_level", adv_type="gae", gamma=0.5,
             gae_lambda=1.0, use_kl_in_reward=True, kl_beta=0.0, kl_penalty="kl",
-            filter_rewards=False, group_size=2)
+            filter_rewards=False, group_size=2, bootstrap_at_done="truncated")
 
 
 def _traj(rewards, terminations=None, values=None, chunks=1, action_dim=2):
@@ -45,6 +45,16 @@ def test_termination_stops_bootstrap():
     # step 0 terminates: A_0 = 1 - 0.5 = 0.5, and step 1 (a new episode) does not leak into it
     out = training_samples(_traj([[1.0], [2.0]], [[True], [False]], values=[[0.5], [1.0], [4.0]]), ALGO)
     assert out["advantages"].tolist() == [0.5, 3.0]
+
+
+def test_bootstrap_at_done_always_bootstraps_a_terminated_step():
+    # step 0 terminates but bootstraps from its final observation's value 3:
+    # A_0 = 1 + 0.5 * 3 - 0.5 = 2, and still no leak from step 1's new episode
+    traj = _traj([[1.0], [2.0]], [[True], [False]], values=[[0.5], [1.0], [4.0]])
+    traj["final_values"] = torch.tensor([[3.0], [0.0]])
+    out = training_samples(traj, dict(ALGO, bootstrap_at_done="always"))
+    assert out["advantages"].tolist() == [2.0, 3.0]
+    assert out["returns"].tolist() == [2.5, 4.0]
 
 
 def test_action_level_rewards_make_every_action_a_step():

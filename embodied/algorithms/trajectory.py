@@ -39,7 +39,9 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
     ``advantages`` / ``mask`` (and ``returns`` / ``old_values`` with a critic) as ``[N]`` or
     ``[N, C]``, and ``ref_logprobs`` when the KL goes into the loss.
 
-    ``ref_logprobs`` (per token, ``[T, B, C, A]``) are the reference policy's; with
+    With ``bootstrap_at_done: always`` a terminated episode bootstraps from its final
+    observation's value like a truncated one. ``ref_logprobs`` (per token, ``[T, B, C, A]``) are
+    the reference policy's; with
     ``use_kl_in_reward`` their KL is subtracted from the rewards before the advantages.
     """
     reward_type, level = algo["reward_type"], algo["logprob_type"]
@@ -53,6 +55,9 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
     rewards = chunks_to_steps(rewards, reward_type)
     terminations = chunks_to_steps(traj["terminations"].bool(), reward_type, "any")
     truncations = chunks_to_steps(traj["truncations"].bool(), reward_type, "any")
+    if algo["bootstrap_at_done"] == "always":
+        # every episode end bootstraps, as if cut by a time limit (see config/base.yaml)
+        terminations, truncations = torch.zeros_like(terminations), terminations | truncations
     dones = terminations | truncations
 
     out: dict[str, Any] = {}
