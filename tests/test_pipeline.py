@@ -94,3 +94,13 @@ def test_dead_env_worker_ends_the_run_with_a_clear_error(tmp_path):
     assert "EnvGroup rank" in err.strip().splitlines()[-1]
     last = checkpoint.latest(ckpts)
     torch.load(last / "actor" / "model.pt", weights_only=True)  # the last checkpoint is intact
+
+
+def test_ppo_learns_push_cube_far_above_the_untrained_policy(tmp_path):
+    """The learning bar, shortened to 40 of the shipped config's 100 steps (64k env steps)."""
+    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=40",
+                                   "runner.val_before_train=true", "runner.val_check_interval=40",
+                                   "runner.save_interval=-1"])
+    assert result["env_steps"] == 40 * 32 * 50
+    assert result["eval_success_before"] <= 0.1, result
+    assert result["eval_success"] >= 0.5, result
