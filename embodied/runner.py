@@ -139,12 +139,23 @@ class Runner:
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
+        """Actor weights and optimizer, step, env steps and every env's next episode number."""
         folder = checkpoint.partial_dir(self.ckpt_root, self.step)
         self.actor.execute("save", str(folder)).wait()
-        return checkpoint.commit(self.ckpt_root, self.step, {"env_steps": self.env_steps},
+        per_rank = self.env.execute("episode_state").wait()
+        episodes = {split: [n for rank in per_rank for n in rank[split]] for split in per_rank[0]}
+        return checkpoint.commit(self.ckpt_root, self.step,
+                                 {"env_steps": self.env_steps, "next_episodes": episodes},
                                  keep=self.cfg.runner.max_ckpts_to_keep)
 
     def _maybe_resume(self) -> None:
+        """Continue from a checkpoint as the run that wrote it would have gone on: rollouts and
+        updates are seeded by the step, and the envs start the episodes (reset states) that run
+        would have started next. Exact when the checkpoint fell on an episode boundary (every
+        episode ends within its training step's rollout, e.g. ``auto_reset: false``, or
+        ``ignore_terminations: true`` with one ``max_episode_steps`` episode per rollout);
+        otherwise the training episodes in flight at the checkpoint restart from fresh reset states.
+        Envs of a split whose ``total_num_envs`` differs from the checkpoint's start numbering anew."""
         resume = self.cfg.runner.resume_dir
         if resume is None:
             return
@@ -157,6 +168,9 @@ class Runner:
         self.actor.execute("load", str(folder)).wait()
         state = checkpoint.read_trainer_state(folder)
         self.step, self.env_steps = state["step"], state["env_steps"]
+        episodes = {split: numbers for split, numbers in state.get("next_episodes", {}).items()
+                    if len(numbers) == self.cfg.env[split].total_num_envs}
+        self.env.execute("load_episode_state", episodes).wait()
         print(f"resumed from {folder} at step {self.step}", flush=True)
 
     def _totals(self) -> dict[str, Any]:

@@ -23,7 +23,10 @@ Reset states: a reset state id picks an episode's initial state (a seed for Mani
 state for LIBERO). Without explicit ids each env draws its next id from a stream keyed by
 ``(seed, stream, episode number)``, where the stream is the env's global index
 (``seed_offset + i``), or its group's index with ``use_fixed_reset_state_ids`` so that every
-env of a group starts each episode from the same state, also after auto-resets.
+env of a group starts each episode from the same state, also after auto-resets. The episode
+numbers are the only state that decides future reset states: ``next_episodes`` reads them and
+``set_next_episodes`` hands them to a rebuilt env (after offloading, or a restart from a
+checkpoint), which then resets into exactly the episodes this one would have started.
 
 Relative rewards: ``r'_t = r_t - r_{t-1}`` within an episode with ``r'_0 = 0``, so an episode's
 relative rewards sum to its last absolute reward minus its first; ``reward_coef`` multiplies after.
@@ -207,6 +210,22 @@ class VectorEnv:
         else:
             self._idle |= done
         return self._with_tasks(obs), rewards, terminations, truncations, infos
+
+    def next_episodes(self) -> np.ndarray:
+        """The episode number each env starts at its next reset. An episode that has been reset
+        into but not yet stepped counts as not started (a rebuilt env starts exactly it, e.g.
+        the one an auto-reset began at the end of a rollout); one in flight is given up."""
+        unstepped = (self._length == 0) & ~self._idle & self._started
+        return self._episode_index + 1 - unstepped
+
+    def set_next_episodes(self, numbers: np.ndarray | list[int]) -> None:
+        """Continue another env's episode numbering (its ``next_episodes``); the next
+        ``reset()`` starts episode ``numbers[i]`` in env ``i``."""
+        numbers = np.asarray(numbers, np.int64)
+        if numbers.shape != (self.num_envs,) or numbers.min() < 0:
+            raise ValueError(f"next episodes: expected {self.num_envs} integers >= 0, got {numbers!r}")
+        self._episode_index[:] = numbers - 1
+        self._started = False
 
     def close(self) -> None:
         self.sim.close()

@@ -159,6 +159,28 @@ def test_relative_rewards_sum_to_last_minus_first(push_sim):
     assert relative[-1][4]["episode_return"] == pytest.approx(r_rel.sum(1), abs=1e-4)
 
 
+def test_a_rebuilt_env_continues_the_episode_numbering(push_sim):
+    env = VectorEnv(push_sim, **options(auto_reset=True, ignore_terminations=True, max_episode_steps=6))
+    assert env.next_episodes().tolist() == [0] * 4
+    env.reset()
+    assert env.next_episodes().tolist() == [0] * 4  # reset into, not stepped: a rebuild restarts it
+    env.chunk_step(np.zeros((4, 3, env.action_dim)))
+    assert env.next_episodes().tolist() == [1] * 4  # in flight: a rebuild starts the next one
+    obs, *_, infos = env.chunk_step(np.zeros((4, 3, env.action_dim)))
+    assert infos["done"].all()  # the time limit, and an auto-reset into episode 1
+    numbers = env.next_episodes()
+    assert numbers.tolist() == [1] * 4
+
+    rebuilt = VectorEnv(push_sim, **options(ignore_terminations=True, max_episode_steps=6))
+    rebuilt.set_next_episodes(numbers)
+    with pytest.raises(RuntimeError, match="before reset"):
+        rebuilt.chunk_step(np.zeros((4, 3, env.action_dim)))
+    np.testing.assert_array_equal(rebuilt.reset()["states"], obs["states"])
+    assert not np.allclose(VectorEnv(push_sim, **options()).reset()["states"], obs["states"])
+    with pytest.raises(ValueError, match="expected 4 integers >= 0"):
+        rebuilt.set_next_episodes([1, 1])
+
+
 @pytest.mark.parametrize("name, task", [("maniskill_push_cube", "PushCube-v1"),
                                         ("maniskill_pick_cube", "PickCube-v1"),
                                         ("maniskill_stack_cube", "StackCube-v1")])

@@ -1,6 +1,7 @@
 """End to end through Ray workers, channels and real ManiSkill: training, evaluation, resume
 after SIGKILL, and a dead env worker."""
 
+import contextlib
 import json
 import os
 import signal
@@ -38,9 +39,10 @@ def embodied(command: str, args: list[str], timeout: float = 600) -> tuple[dict,
 
 
 def scalars(log_dir: Path, tag: str) -> dict[int, float]:
+    """``tag`` by step from a run's log folder, or from one event file."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events = EventAccumulator(str(log_dir if log_dir.is_file() else log_dir / "tensorboard"))
     events.Reload()
     return {e.step: e.value for e in events.Scalars(tag)}
 
@@ -60,6 +62,73 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert result["episodes"] == 4
     assert 0.0 <= result["eval_success"] <= 1.0
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
+
+
+def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
+    """SIGKILL between checkpoints, rerun the same command: it resumes from the last complete
+    checkpoint, and every metric after it (train, update, eval) and the final weights are the
+    uninterrupted run's. Training envs auto-reset at the time limit, so each step's rollout is one
+    episode per env and the next episode's reset state crosses the checkpoint."""
+    steps = 6
+    args = ["runner.max_epochs=6", "runner.save_interval=3", "runner.val_check_interval=2",
+            "env.train.auto_reset=true", "env.train.ignore_terminations=true"]
+    command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed"), *args,
+               "runner.resume_dir=auto"]
+    log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
+    with open(tmp_path / "killed.err", "w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        # kill after the checkpoint of step 3 and the progress bar's step 4, before step 6 saves
+        while " 4/6 [" not in (tmp_path / "killed.err").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed = time.monotonic()
+        assert [p.name for p in checkpoint.list_checkpoints(ckpts)] == ["global_step_3"]
+        # what a kill during the next save would have left: resume must not pick it
+        partial = checkpoint.partial_dir(ckpts, 6)
+        (partial / "actor").mkdir()
+        (partial / "actor" / "model.pt").write_bytes(b"torn")
+        before = set((log / "tensorboard").iterdir())
+
+        _, done = embodied("train", command[4:])  # the same command, right away
+        assert f"resumed from {ckpts / 'global_step_3'} at step 3" in done.stdout
+        (resumed,) = set((log / "tensorboard").iterdir()) - before
+
+        straight, _ = embodied("train", tiny(tmp_path, "straight") + args)
+        assert straight["env_steps"] == steps * 4 * 10
+        # every process of the killed run has exited by itself (Ray's agents give the dead GCS
+        # 60 s before they exit) and its shared memory is gone
+        _, alive = psutil.wait_procs(family, timeout=max(1.0, killed + 120 - time.monotonic()))
+        assert not alive
+        assert not list(Path("/dev/shm").glob(f"embch.*.{proc.pid}.*"))
+    finally:
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    tags = [t for t in _tags(tmp_path / "straight") if not t.startswith("time/")]
+    assert {"train/return", "actor/policy_loss", "actor/approx_kl", "critic/value_loss",
+            "eval/return"} <= set(tags)
+    for tag in tags:
+        expected = {k: v for k, v in scalars(tmp_path / "straight", tag).items() if k > 3}
+        assert expected and scalars(resumed, tag) == pytest.approx(expected, rel=1e-6, abs=1e-9), tag
+    final = [torch.load(root / "checkpoints" / "global_step_6" / "actor" / "model.pt", weights_only=True)
+             for root in (tmp_path / "straight", log)]
+    assert final[0].keys() == final[1].keys()
+    for key in final[0]:
+        torch.testing.assert_close(final[1][key], final[0][key], rtol=1e-6, atol=1e-9)
+
+
+def _tags(log_dir: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events.Reload()
+    return events.Tags()["scalars"]
 
 
 def _env_worker_pids(driver: int) -> list[int]:

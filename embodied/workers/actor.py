@@ -61,13 +61,19 @@ class ActorWorker(Worker):
         advantages, run ``update_epochs`` passes of minibatch updates; returns metrics averaged
         over ranks."""
         queue = f"{self.cfg.actor.channel.queue_name}/{self.rank}"
-        samples = [self._samples(self.channel.get(queue)) for _ in range(num_pieces)]
+        pieces = [self.channel.get(queue) for _ in range(num_pieces)]
+        # pieces of several rollout ranks arrive in any order: a stable sort by source fixes the
+        # batch's order (each source's rollout epochs arrive, and stay, in order)
+        pieces.sort(key=lambda piece: piece["source"])
+        samples = [self._samples(piece["trajectory"]) for piece in pieces]
         batch = tree_cat(samples, dim=0)
         self._normalize(batch)
         count = batch["advantages"].shape[0]
         per_rank = self.cfg.actor.global_batch_size // self.world_size
         micro = self.cfg.actor.micro_batch_size
-        generator = torch.Generator().manual_seed(self.cfg.actor.seed + step * 1000 + self.rank)
+        seed = self.cfg.actor.seed + step * 1000 + self.rank
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # any other draw (dropout) is keyed on the step too, as on resume
         sums: dict[str, float] = defaultdict(float)
         updates, planned = 0, self.algo.update_epochs * (count // per_rank)
         self.policy.train()

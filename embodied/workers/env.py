@@ -1,11 +1,16 @@
 """Env worker: owns ``total_num_envs / world_size`` envs of each split, in
 ``rollout.pipeline_stage_num`` stages, and trades observations for actions with its rollout
-worker through the channel, one stage at a time, so that one stage steps while another infers."""
+worker through the channel, one stage at a time, so that one stage steps while another infers.
+
+The worker, not its simulators, owns each env's episode numbering (which decides its future reset
+states): simulators rebuilt after ``offload``, or in a run resumed from a checkpoint
+(``episode_state`` / ``load_episode_state``), start the episodes these would have started."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig
 
 from embodied.channel import Channel
@@ -28,6 +33,8 @@ class EnvWorker(Worker):
         self.stages = cfg.rollout.pipeline_stage_num
         self.envs: dict[str, list[Any]] = {}
         self.last_obs: dict[str, list[dict[str, Any]]] = {}
+        # episode numbering of the splits whose simulators are not built (yet, or since offload)
+        self.next_episodes: dict[str, np.ndarray] = {}
         self.stats = {"train": EpisodeStats(), "eval": EpisodeStats()}
         self._build("train")  # fail at launch, not at the first step, on a bad env config
 
@@ -41,7 +48,13 @@ class EnvWorker(Worker):
                                 name=f"{split}_rank{self.rank}_stage{stage}")
                 for stage in range(self.stages)
             ]
+            if split in self.next_episodes:
+                self._continue_episodes(split, self.next_episodes.pop(split))
         return self.envs[split]
+
+    def _continue_episodes(self, split: str, numbers: np.ndarray) -> None:
+        for env, part in zip(self.envs[split], np.split(numbers, self.stages)):
+            env.set_next_episodes(part)
 
     def interact(self, split: str, num_chunk_steps: int) -> dict[str, float]:
         """Run ``num_chunk_steps`` chunk steps on every stage; returns episode statistics.
@@ -71,8 +84,30 @@ class EnvWorker(Worker):
         metrics[f"{split}/env_steps"] = float(env_steps)
         return metrics
 
+    def episode_state(self) -> dict[str, list[int]]:
+        """Per split, the episode number each of this worker's envs starts next, in global env
+        order: what the runner saves with a checkpoint."""
+        live = {split: np.concatenate([env.next_episodes() for env in envs])
+                for split, envs in self.envs.items()}
+        return {split: numbers.tolist() for split, numbers in (self.next_episodes | live).items()}
+
+    def load_episode_state(self, state: dict[str, list[int]]) -> None:
+        """Continue a saved run's episode numbering; ``state`` holds each split's numbers for all
+        envs of the run (every worker's ``episode_state`` in rank order). The episodes in flight
+        here are given up: the next ``interact`` resets every env."""
+        for split, numbers in state.items():
+            per_worker = self.cfg.env[split].total_num_envs // self.world_size
+            mine = np.asarray(numbers[self.rank * per_worker:(self.rank + 1) * per_worker], np.int64)
+            if split in self.envs:
+                self._continue_episodes(split, mine)
+            else:
+                self.next_episodes[split] = mine
+        self.last_obs.clear()
+
     def close(self) -> None:
-        for envs in self.envs.values():
+        """Close the simulators, keeping their episode numbering for a rebuild."""
+        for split, envs in self.envs.items():
+            self.next_episodes[split] = np.concatenate([env.next_episodes() for env in envs])
             for env in envs:
                 env.close()
         self.envs.clear()

@@ -120,4 +120,4 @@ class RolloutWorker(Worker):
         for r, k, start, stop in replay_pieces(self.world_size, self.actor_world_size, envs):
             if r == self.rank:
                 piece = tree_map(lambda x: x[:, start:stop].numpy(), traj)
-                self.channel.put(f"{queue}/{k}", piece)
+                self.channel.put(f"{queue}/{k}", {"source": (self.rank, start), "trajectory": piece})
