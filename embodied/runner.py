@@ -4,6 +4,8 @@
     updates (actor) -> log -> maybe checkpoint -> maybe validate
 
 Where each piece runs is the workers' business; this file only says what happens in what order.
+Collocated roles take turns on the devices: each phase starts by naming the roles it runs
+(``_turn``), and a role with ``enable_offload`` frees its memory while it idles.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from embodied.channel import Channel
 from embodied.cluster import Cluster
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
-from embodied.worker import WorkerGroup
+from embodied.worker import GroupCall, WorkerGroup
 from embodied.workers.actor import ActorWorker
 from embodied.workers.env import EnvWorker
 from embodied.workers.rollout import RolloutWorker, replay_pieces
@@ -67,13 +69,16 @@ class Runner:
             self.sync_weights()
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
+            _print_eval("eval before training", metrics)
             summary["eval_success_before"] = metrics["eval/success_once"]
         with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
             while self.step < last:
                 self.step += 1
                 metrics = self.train_step()
                 if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
+                    self.sync_weights()  # evaluate this step's update, as its checkpoint holds it
                     metrics.update(self.evaluate())
+                    _print_eval(f"eval at step {self.step}", metrics)
                     summary["eval_success"] = metrics["eval/success_once"]
                 self.logger.log(metrics, self.step)
                 if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
@@ -93,12 +98,14 @@ class Runner:
         metrics["time/sync"] = time.monotonic() - tic
 
         tic = time.monotonic()
+        self._turn(self.rollout)
         calls = []
         for epoch in range(self.cfg.algorithm.rollout_epoch):
             seed = self.step * self.cfg.algorithm.rollout_epoch + epoch
             calls.append(self.env.execute("interact", "train", self.train_chunk_steps))
             self.rollout.execute("generate", "train", self.train_chunk_steps, seed)
-        update = self.actor.execute("update", self.step, self.pieces_per_actor * self.cfg.algorithm.rollout_epoch)
+        # a resident actor takes trajectories as they arrive; one that offloads waits for its turn
+        update = None if self._offloads(self.actor) else self._update()
         env_metrics = [_merge_ranks(call.wait()) for call in calls]
         metrics["time/rollout"] = time.monotonic() - tic
         metrics.update(_mean_dicts(env_metrics))
@@ -107,19 +114,37 @@ class Runner:
         metrics["time/env_steps_per_s"] = steps / metrics["time/rollout"]
 
         tic = time.monotonic()
-        metrics.update(update.wait()[0])
+        self._turn(self.actor)
+        metrics.update((update or self._update()).wait()[0])
         metrics["time/update"] = time.monotonic() - tic
         metrics["train/total_env_steps"] = float(self.env_steps)
         return metrics
 
+    def _update(self) -> GroupCall:
+        return self.actor.execute("update", self.step, self.pieces_per_actor * self.cfg.algorithm.rollout_epoch)
+
     def sync_weights(self) -> None:
+        self._turn(self.actor, self.rollout)
         weights = self.actor.execute("get_weights").wait()[0]
         self.rollout.execute("set_weights", weights).wait()
+
+    def _turn(self, *running: WorkerGroup) -> None:
+        """The next phase runs these groups: an idle one with ``<role>.enable_offload`` frees its
+        memory first, then a running one gets its memory back (both no-ops when already so)."""
+        groups = [g for g in (self.actor, self.rollout) if self._offloads(g)]
+        for call in [g.execute("offload") for g in groups if g not in running]:
+            call.wait()
+        for call in [g.execute("reload") for g in groups if g in running]:
+            call.wait()
+
+    def _offloads(self, group: WorkerGroup | None) -> bool:
+        return group is not None and bool(self.cfg[group.component].enable_offload)
 
     # -------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on the eval envs; success, return and length per episode."""
         tic = time.monotonic()
+        self._turn(self.rollout)
         env_call = self.env.execute("interact", "eval", self.eval_chunk_steps)
         self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
         metrics = _merge_ranks(env_call.wait())
@@ -133,14 +158,15 @@ class Runner:
         self.rollout.execute("set_weights", weights).wait()
         metrics = self.evaluate()
         self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
-        print(f"eval of {folder}: success {metrics['eval/success_once']:.3f} over "
-              f"{int(metrics['eval/episodes'])} episodes ({self.cfg.env.eval.init_params.get('id', '')})")
-        return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"]} | self._totals()
+        _print_eval(f"eval of {folder} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
+        return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
+                "tasks": _per_task(metrics)} | self._totals()
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """Actor weights and optimizer, step, env steps and every env's next episode number."""
         folder = checkpoint.partial_dir(self.ckpt_root, self.step)
+        self._turn(self.actor)  # an actor offloaded for an eval gathers its state on its devices
         self.actor.execute("save", str(folder)).wait()
         per_rank = self.env.execute("episode_state").wait()
         episodes = {split: [n for rank in per_rank for n in rank[split]] for split in per_rank[0]}
@@ -186,17 +212,36 @@ class Runner:
 
 
 def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Episode means weighted by each rank's episode count; counts and env steps summed."""
+    """Env workers' ``<split>/<figure>[/<task>]`` metrics: counts and env steps summed, episode
+    means weighted by each rank's ``<split>/episodes[/<task>]``."""
     out: dict[str, float] = {}
-    for split in {k.split("/")[0] for m in per_rank for k in m}:
-        episodes = [m.get(f"{split}/episodes", 0.0) for m in per_rank]
-        total = sum(episodes)
-        for key in {k for m in per_rank for k in m if k.startswith(split + "/")}:
-            if key.endswith(("/episodes", "/env_steps")):
-                out[key] = sum(m.get(key, 0.0) for m in per_rank)
-            elif total:
-                out[key] = sum(m.get(key, 0.0) * n for m, n in zip(per_rank, episodes)) / total
+    for key in {k for m in per_rank for k in m}:
+        split, figure, *task = key.split("/")
+        if figure in ("episodes", "env_steps"):
+            out[key] = sum(m.get(key, 0.0) for m in per_rank)
+            continue
+        count = "/".join([split, "episodes", *task])
+        weights = [m.get(count, 0.0) if key in m else 0.0 for m in per_rank]
+        if sum(weights):
+            out[key] = sum(m.get(key, 0.0) * w for m, w in zip(per_rank, weights)) / sum(weights)
     return out
+
+
+def _per_task(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """``{task: {"success": success_once, "episodes": count}}`` from the per-task eval metrics."""
+    prefix = "eval/episodes/"
+    tasks = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
+    return {t: {"success": metrics[f"eval/success_once/{t}"], "episodes": int(metrics[prefix + t])}
+            for t in tasks}
+
+
+def _print_eval(title: str, metrics: dict[str, float]) -> None:
+    """The overall success, then one line per task (through tqdm, so a progress bar stays intact)."""
+    episodes = int(metrics["eval/episodes"])
+    lines = [f"{title}: success {metrics['eval/success_once']:.3f} over {episodes} episodes"]
+    lines += [f"  {task}: success {t['success']:.3f} over {t['episodes']} episodes"
+              for task, t in _per_task(metrics).items()]
+    tqdm.write("\n".join(lines))
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:

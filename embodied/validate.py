@@ -172,6 +172,10 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
         if train.group_size != cfg.algorithm.group_size:
             _fail("env.train.group_size", train.group_size,
                   f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type=grpo")
+    if cfg.actor.enable_offload and cfg.actor.channel.queue_size:
+        _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
+              "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
+              "trajectories only after the whole rollout")
     samples = train.total_num_envs * (train.max_episode_steps // chunks) * cfg.algorithm.rollout_epoch
     if samples % cfg.actor.global_batch_size:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,

@@ -3,7 +3,9 @@
 ``init_params`` (see config/env/maniskill_*.yaml) pick the task by ``id``, ``obs_mode``
 (``state``: ``states`` only; ``rgb``: ``main_images``, ``wrist_images`` when the robot carries
 ``wrist_camera``, and the robot's proprioception plus task extras as ``states``), the
-``control_mode``, the camera size and ``sim_backend``:
+``control_mode``, the camera size and ``sim_backend``. With ``video_cfg.save_video`` on and
+``obs_mode: state`` the scene is also rendered (``render_mode="rgb_array"``, at the camera size)
+once per observation for the video recorder; otherwise nothing is rendered.
 
 - ``cpu``: ManiSkill's CPU simulation holds one scene per env instance, so the envs run in
   subprocesses (``SubprocVectorEnv``: blocks of envs, one process per core unless
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.vector_env import EnvSetupError, VectorEnv, read_options
+from envs.vector_env import RENDER_IMAGES, EnvSetupError, VectorEnv, read_options
 
 LAVAPIPE_ICD = Path(os.environ.get("LAVAPIPE_DIR", "/opt/lavapipe")) / "lvp_icd.json"
 
@@ -120,8 +122,9 @@ def check_params(init_params: Any) -> dict[str, Any]:
     return p
 
 
-def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
-    """``gym.make`` for these params, turning ManiSkill's failures into clear messages."""
+def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool) -> gym.Env:
+    """``gym.make`` for these params (``render``: frames of the task's render camera at the
+    camera size), turning ManiSkill's failures into clear messages."""
     lavapipe = select_vulkan_driver()
     kwargs: dict[str, Any] = dict(
         num_envs=num_envs, obs_mode=p["obs_mode"], control_mode=p["control_mode"],
@@ -134,6 +137,9 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int) -> gym.Env:
         kwargs["robot_uids"] = p["robot_uids"]
     if p["obs_mode"] == "rgb":
         kwargs["sensor_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
+    if render:
+        kwargs["render_mode"] = "rgb_array"
+        kwargs["human_render_camera_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
     try:
         return gym.make(p["id"], **kwargs)
     except AssertionError as e:
@@ -183,9 +189,10 @@ class ManiSkillEnv:
 
     num_reset_states = None
 
-    def __init__(self, p: dict[str, Any], max_episode_steps: int):
+    def __init__(self, p: dict[str, Any], max_episode_steps: int, render: bool = False):
         self.p = p
-        self.env = _make(p, num_envs=1, max_episode_steps=max_episode_steps)
+        self.render = render
+        self.env = _make(p, num_envs=1, max_episode_steps=max_episode_steps, render=render)
         self.reset(0)
         self.obs_spec = {k: (v.shape, v.dtype) for k, v in self.observation().items()}
         self.action_dim = int(np.prod(self.env.action_space.shape))
@@ -199,7 +206,10 @@ class ManiSkillEnv:
         return float(reward), bool(terminated), bool(info["success"])
 
     def observation(self) -> dict[str, np.ndarray]:
-        return {k: v[0] for k, v in extract_obs(self._raw_obs, self.p).items()}
+        obs = extract_obs(self._raw_obs, self.p)
+        if self.render:
+            obs[RENDER_IMAGES] = _to_numpy(self.env.render())
+        return {k: v[0] for k, v in obs.items()}
 
     def close(self) -> None:
         self.env.close()
@@ -210,13 +220,14 @@ class ManiSkillGPUSim:
 
     num_reset_states = None
 
-    def __init__(self, p: dict[str, Any], num_envs: int, max_episode_steps: int):
+    def __init__(self, p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool = False):
         if not torch.cuda.is_available():
             raise EnvSetupError("env.init_params.sim_backend=gpu needs a CUDA GPU and none is "
                                 "visible; use sim_backend: cpu")
         self.p = p
         self.num_envs = num_envs
-        self.env = _make(p, num_envs=num_envs, max_episode_steps=max_episode_steps)
+        self.render = render
+        self.env = _make(p, num_envs=num_envs, max_episode_steps=max_episode_steps, render=render)
         self.device = self.env.unwrapped.device
         self.action_dim = int(np.prod(self.env.unwrapped.single_action_space.shape))
         self.task_descriptions = [task_description(p["id"])] * num_envs
@@ -236,7 +247,7 @@ class ManiSkillGPUSim:
                 "env_idx": torch.as_tensor(env_ids[followers], device=self.device),
                 "reset_to_env_states": {"env_states": states},
             })
-        return extract_obs(obs, self.p)
+        return self._observe(obs)
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
@@ -246,8 +257,14 @@ class ManiSkillGPUSim:
             rewards.append(_to_numpy(r).astype(np.float32))
             terminated.append(_to_numpy(term).astype(bool))
             success.append(_to_numpy(info["success"]).astype(bool))
-        return (extract_obs(obs, self.p), np.stack(rewards, 1), np.stack(terminated, 1),
+        return (self._observe(obs), np.stack(rewards, 1), np.stack(terminated, 1),
                 np.stack(success, 1))
+
+    def _observe(self, raw: Any) -> dict[str, np.ndarray]:
+        obs = extract_obs(raw, self.p)
+        if self.render:
+            obs[RENDER_IMAGES] = _to_numpy(self.env.render())
+        return obs
 
     def close(self) -> None:
         self.env.close()
@@ -272,10 +289,11 @@ class ManiSkillVectorEnv(VectorEnv):
         p = check_params(init_params)
         options = read_options(env_cfg, num_envs, seed_offset)
         steps = options["max_episode_steps"]
+        render = bool(env_cfg["video_cfg"]["save_video"]) and p["obs_mode"] == "state"
         if p["sim_backend"] == "gpu":
-            sim = ManiSkillGPUSim(p, num_envs, steps)
+            sim = ManiSkillGPUSim(p, num_envs, steps, render)
         else:
-            sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps)] * num_envs,
+            sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps, render)] * num_envs,
                                    preload=["envs.maniskill"],
                                    num_processes=env_cfg.get("num_processes"))
         super().__init__(sim, seed_offset=seed_offset, **options)

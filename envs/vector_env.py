@@ -12,8 +12,9 @@ Chunk semantics (``chunk_step(actions[B, C, A])``):
   the rest of the chunk, and its termination / truncation is reported in the chunk's last slot.
 - ``infos`` describe each env's episode as it stood at the end of the chunk, before any reset:
   ``success`` (at the episode's last step so far), ``success_once`` (at any step),
-  ``episode_return`` (sum of the rewards returned), ``episode_length`` (env steps) and ``done``
-  (the episode ended in this chunk). For a finished env these are the final episode's figures.
+  ``episode_return`` (sum of the rewards returned), ``episode_length`` (env steps), ``done``
+  (the episode ended in this chunk) and ``task_descriptions`` (each env's task). For a finished
+  env these are the final episode's figures.
 - With ``auto_reset`` the finished envs are reset once, after the chunk; the returned
   observation is then the new episode's first one and ``infos["final_obs"]`` holds the whole
   batch's observation before that reset. Without it a finished env idles (still simulated,
@@ -40,6 +41,10 @@ from typing import Any, Protocol
 import numpy as np
 
 Obs = dict[str, Any]
+# Frames [B, H, W, 3] uint8 that a simulator renders only for videos, when its observations hold
+# no camera images (ManiSkill with obs_mode state and video_cfg.save_video on). The video
+# recorder draws and removes them, so policies and channels never see them.
+RENDER_IMAGES = "render_images"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 
 
@@ -200,6 +205,7 @@ class VectorEnv:
             "episode_return": self._return.copy(),
             "episode_length": self._length.copy(),
             "done": done,
+            "task_descriptions": list(self.sim.task_descriptions),
         }
         if self.auto_reset and done.any():
             infos["final_obs"] = self._with_tasks({k: v.copy() for k, v in obs.items()})

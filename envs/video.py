@@ -1,6 +1,10 @@
 """Video recording for any vector env: every env's camera tiled into one mp4 frame per reset and
 per chunk step, optionally with the step, chunk reward, success and task drawn on each tile.
 
+Frames come from the observations' cameras (``main_images``, ``wrist_images``) or, for envs
+without cameras, from scene renders the simulator adds for the recorder (``RENDER_IMAGES``),
+which the recorder removes from what it passes on.
+
 A file starts at ``reset()`` (or at the first step after ``flush()``) and ends at the next
 ``reset()``, ``flush()`` or ``close()``. It is finished before any exception leaves the wrapper,
 and at interpreter exit, so a run that dies with an exception still leaves playable files.
@@ -18,7 +22,7 @@ import imageio
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from envs.vector_env import EnvSetupError
+from envs.vector_env import RENDER_IMAGES, EnvSetupError
 
 MACRO_BLOCK = 16  # h264 wants frame sides divisible by this; frames are padded, never rescaled
 
@@ -37,6 +41,12 @@ def tile_frames(obs: dict[str, Any]) -> np.ndarray:
         r, c = divmod(i, cols)
         frame[r * h:(r + 1) * h, c * w:(c + 1) * w] = images[i]
     return frame
+
+
+def _without_renders(obs: dict[str, Any]) -> dict[str, Any]:
+    if RENDER_IMAGES not in obs:
+        return obs
+    return {k: v for k, v in obs.items() if k != RENDER_IMAGES}
 
 
 def _pad(n: int) -> int:
@@ -77,14 +87,16 @@ class VideoRecorder:
         obs = self._guarded(self.env.reset, reset_state_ids)
         self._step[:] = 0
         self._record(obs, rewards=None, success=None)
-        return obs
+        return _without_renders(obs)
 
     def chunk_step(self, actions: np.ndarray) -> tuple:
         obs, rewards, terminations, truncations, infos = self._guarded(self.env.chunk_step, actions)
         shown = infos.get("final_obs", obs)
         self._step = np.asarray(infos.get("episode_length", self._step + rewards.shape[1]))
         self._record(shown, rewards=rewards.sum(axis=1), success=infos.get("success"))
-        return obs, rewards, terminations, truncations, infos
+        if "final_obs" in infos:
+            infos["final_obs"] = _without_renders(infos["final_obs"])
+        return _without_renders(obs), rewards, terminations, truncations, infos
 
     def flush(self) -> None:
         """Finish the current file (the next frame starts a new one)."""
@@ -113,9 +125,11 @@ class VideoRecorder:
 
     def _record(self, obs: dict[str, Any], rewards: np.ndarray | None,
                 success: np.ndarray | None) -> None:
+        if RENDER_IMAGES in obs:
+            obs = {"main_images": obs[RENDER_IMAGES], "task_descriptions": obs.get("task_descriptions")}
         if "main_images" not in obs:
-            raise EnvSetupError("env.video_cfg.save_video needs camera observations "
-                                "(main_images); this env gives none (e.g. obs_mode: state)")
+            raise EnvSetupError("env.video_cfg.save_video needs camera observations (main_images) "
+                                "or scene renders; this env gives neither")
         frame = tile_frames(obs)
         if self.info_on_video:
             frame = self._draw_info(frame, obs, rewards, success)

@@ -120,6 +120,7 @@ BAD = [
     (["algorithm.kl_penalty_type=k7"], "algorithm.kl_penalty_type = 'k7': expected one of ['kl', 'low_var_kl', 'abs', 'mse']"),
     (["algorithm.loss_agg_func=mean"], "algorithm.loss_agg_func = 'mean': expected one of"),
     (["cluster.num_nodes=0"], "cluster.num_nodes = 0: expected a number >= 1"),
+    (["actor.enable_offload=true", "actor.channel.queue_size=2"], "actor.channel.queue_size = 2: expected 0 (unbounded) with actor.enable_offload"),
     (["actor.optim.lrr=1"], "Could not override 'actor.optim.lrr'"),
     (["+trainer.lr=1"], "unknown config key trainer"),
 ]

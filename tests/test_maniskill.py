@@ -192,6 +192,7 @@ def test_task_configs_build_and_step(name, task):
         assert obs["task_descriptions"] == [TASK_DESCRIPTIONS[task]]
         obs, rewards, *_ = env.chunk_step(np.zeros((1, 2, env.action_dim)))
         assert rewards.shape == (1, 2) and np.isfinite(rewards).all()
+        assert env.sim.env.env.unwrapped.render_mode is None  # no video, nothing rendered
 
 
 def test_rgb_cameras_and_video(tmp_path):
@@ -218,6 +219,31 @@ def test_rgb_cameras_and_video(tmp_path):
     (path,) = env.paths
     frames = np.stack(imageio.mimread(path, memtest=False))
     assert frames.shape == (4, 48, 2 * 2 * 64, 3)  # reset + 3 chunks; 2 envs x (main | wrist)
+
+
+def test_state_observations_with_video_render_the_scene(tmp_path):
+    """PushCube with obs_mode state has no cameras: its scene is rendered at the camera size for
+    the video (one frame per reset and chunk, also across an auto-reset), and the observations
+    stay states only."""
+    cfg = load_env_config("maniskill_push_cube", [
+        "init_params.camera_heights=48", "init_params.camera_widths=64", "video_cfg.save_video=true",
+        f"video_cfg.video_base_dir={tmp_path}", "video_cfg.info_on_video=false",
+        "max_episode_steps=4", "auto_reset=true"])
+    rng = np.random.default_rng(0)
+    with make_vector_env(cfg, num_envs=2, name="eval_rank0_stage0") as env:
+        obs = env.reset()
+        assert set(obs) == {"states", "task_descriptions"}
+        for chunk in range(3):
+            obs, _, _, _, infos = env.chunk_step(rng.uniform(-1, 1, (2, 2, env.action_dim)))
+            assert set(obs) == {"states", "task_descriptions"}
+            if chunk == 1:  # step 4: the episodes end and auto-reset
+                assert set(infos["final_obs"]) == {"states", "task_descriptions"}
+    (path,) = env.paths
+    assert path == tmp_path / "eval_rank0_stage0_0000.mp4"
+    frames = np.stack(imageio.mimread(path, memtest=False)).astype(np.float32)
+    assert frames.shape == (4, 48, 2 * 64, 3)  # reset + 3 chunks; 2 envs side by side
+    assert frames.std(axis=(1, 2, 3)).min() > 5  # a rendered scene, not a blank image
+    assert np.abs(frames[1] - frames[0]).mean() > 0.5  # the arm moved
 
 
 def test_bad_settings_fail_before_any_simulator_starts():

@@ -1,5 +1,6 @@
-"""End to end through Ray workers, channels and real ManiSkill: training, evaluation, resume
-after SIGKILL, and a dead env worker."""
+"""End to end through Ray workers, channels and real ManiSkill: training, evaluation (per task,
+with videos of state-only envs), offload between phases, resume after SIGKILL, and a dead env
+worker."""
 
 import contextlib
 import json
@@ -10,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import imageio
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -17,6 +20,7 @@ import torch
 from embodied import checkpoint
 
 pytestmark = pytest.mark.slow
+TASK = "push_the_blue_cube_onto_the_red_and_white_target"  # PushCube-v1's description as a key
 
 
 def tiny(out: Path, name: str = "tiny") -> list[str]:
@@ -58,10 +62,49 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     losses = scalars(tmp_path / "tiny", "actor/policy_loss")
     assert sorted(losses) == [1, 2]
 
-    result, done = embodied("eval", tiny(tmp_path) + [f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}"])
+    videos = tmp_path / "videos"
+    result, done = embodied("eval", tiny(tmp_path) + [
+        f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.video_cfg.save_video=true",
+        f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4
     assert 0.0 <= result["eval_success"] <= 1.0
+    assert result["tasks"] == {TASK: {"success": result["eval_success"], "episodes": 4}}
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
+    assert f"  {TASK}: success {result['eval_success']:.3f} over 4 episodes" in done.stdout.splitlines()
+    assert scalars(tmp_path / "tiny", f"eval/episodes/{TASK}") == {2: 4.0}
+    assert scalars(tmp_path / "tiny", f"eval/success_once/{TASK}") == {2: result["eval_success"]}
+    # state observations, so the scene is rendered: per env worker one file of its 2 envs side
+    # by side (128 px), a frame for the reset and for each of the 10 chunk steps
+    files = sorted(p.name for p in videos.iterdir())
+    assert files == ["eval_rank0_stage0_0000.mp4", "eval_rank1_stage0_0000.mp4"]
+    for name in files:
+        frames = np.stack(imageio.mimread(videos / name, memtest=False))
+        assert frames.shape == (11, 128, 256, 3) and frames.std() > 5
+
+
+def test_offload_between_phases_trains_exactly_like_resident_workers(tmp_path):
+    """With ``rollout.enable_offload`` and ``actor.enable_offload`` the rollout model is
+    released after every rollout and rebuilt by the next weight sync, and the actor's state
+    moves out (a no-op move on CPU) with its gradients freed; the run's figures equal a run
+    without offload's, and each step's first update sees the rollout's log-probs exactly."""
+    one_minibatch = ["runner.max_epochs=2", "runner.val_check_interval=2", "algorithm.update_epochs=1",
+                     "actor.global_batch_size=40"]  # 4 envs x 10 steps
+    runs = {}
+    for name, offload in (("resident", "false"), ("offload", "true")):
+        result, done = embodied("train", tiny(tmp_path, name) + one_minibatch + [
+            f"rollout.enable_offload={offload}", f"actor.enable_offload={offload}"])
+        assert f"  {TASK}: success {result['eval_success']:.3f} over 4 episodes" in done.stdout
+        runs[name] = result
+    assert runs["offload"]["eval_success"] == runs["resident"]["eval_success"]
+    tags = ["actor/ratio", "actor/policy_loss", "critic/value_loss", "actor/grad_norm",
+            "train/return", f"eval/success_once/{TASK}", f"eval/episodes/{TASK}"]
+    for tag in tags:
+        assert scalars(tmp_path / "offload", tag) == scalars(tmp_path / "resident", tag), tag
+    assert scalars(tmp_path / "offload", "actor/ratio") == {1: 1.0, 2: 1.0}
+    assert scalars(tmp_path / "offload", f"eval/episodes/{TASK}") == {2: 4.0}
+    ckpts = [checkpoint.latest(tmp_path / name / "checkpoints") / "actor" / "model.pt" for name in runs]
+    first, second = (torch.load(p, weights_only=True) for p in ckpts)
+    assert all(torch.equal(first[k], second[k]) for k in first)
 
 
 def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):

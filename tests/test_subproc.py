@@ -231,6 +231,11 @@ def test_episode_stats_collect_finished_episodes(sim):
     assert summary["env/episodes"] == 4
     assert summary["env/success"] == 0.5 and summary["env/success_once"] == 0.5
     assert summary["env/length"] == 5.0
+    # per task (the scripted envs' descriptions): env 0's task succeeds, env 1's never does
+    assert summary["env/success_once/succeed_at_step_4"] == 1.0
+    assert summary["env/episodes/succeed_at_step_4"] == 2
+    assert summary["env/success_once/succeed_at_step_1000000000"] == 0.0
+    assert summary["env/episodes/succeed_at_step_1000000000"] == 2
     assert stats.pop() == {}
 
 

@@ -13,7 +13,7 @@ import imageio
 import numpy as np
 import pytest
 
-from envs.vector_env import EnvSetupError
+from envs.vector_env import RENDER_IMAGES, EnvSetupError
 from envs.video import VideoRecorder, tile_frames
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,6 +125,30 @@ def test_run_that_dies_with_an_exception_leaves_a_playable_file(tmp_path):
                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 1 and "the run failed outside the env" in run.stderr
     assert read(tmp_path / "envs_0000.mp4").shape == (7, 64, 96, 3)
+
+
+def test_scene_renders_of_an_env_without_cameras_are_recorded_and_not_passed_on(tmp_path):
+    class RenderedEnv(GradientEnv):
+        """States only, plus renders of the scene for the recorder; every episode ends in chunk 1."""
+
+        def _obs(self):
+            obs = super()._obs()
+            return {"states": np.zeros((self.num_envs, 3), np.float32), RENDER_IMAGES: obs["main_images"],
+                    "task_descriptions": obs["task_descriptions"]}
+
+        def chunk_step(self, actions):
+            obs, rewards, terminations, truncations, infos = super().chunk_step(actions)
+            infos["done"][:] = True
+            infos["final_obs"] = self._obs()
+            return obs, rewards, terminations, truncations, infos
+
+    with VideoRecorder(RenderedEnv(2), tmp_path, info_on_video=False) as env:
+        obs = env.reset()
+        steps = [env.chunk_step(np.zeros((2, 3, 1))) for _ in range(2)]
+    assert set(obs) == set(steps[-1][0]) == set(steps[-1][4]["final_obs"]) == {"states", "task_descriptions"}
+    frames = read(env.paths[0])
+    assert frames.shape == (3, 32, 96, 3)
+    np.testing.assert_allclose(frames[:, 16, 72, 0], [40, 50, 60], atol=3)
 
 
 def test_state_only_env_is_refused_clearly(tmp_path):

@@ -164,6 +164,27 @@ class ActorWorker(Worker):
             state = get_model_state_dict(self.policy, options=FULL)
         return state if self.rank == 0 else None
 
+    def offload(self) -> None:
+        """Between phases: gradients freed (the next minibatch zeroes them anyway), parameters,
+        optimizer moments and the reference policy moved to host memory, the CUDA cache emptied.
+        On CPU the moves are no-ops."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._move(torch.device("cpu"))
+        if self.torch_device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def reload(self) -> None:
+        self._move(self.torch_device)
+
+    def _move(self, device: torch.device) -> None:
+        self.policy.to(device)  # FSDP2 re-registers its sharded parameters after a move
+        if self.reference is not None:
+            self.reference.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0:  # Adam's scalar step stays put
+                    state[key] = value.to(device)
+
     def save(self, folder: str) -> None:
         """Model (``torch.load``-able full state dict) and optimizer from rank 0."""
         model = get_model_state_dict(self.policy, options=FULL)

@@ -80,6 +80,9 @@ class EnvWorker(Worker):
                     message["done"] = infos["done"]
                 self.channel.put(obs_key(self.cfg, split, self.rank, stage), message)
         self.last_obs[split] = obs
+        if self.cfg.env[split].video_cfg.save_video:
+            for env in envs:  # one finished file per call: workers are killed, not closed, at the end
+                env.flush()
         metrics = stats.pop(prefix=f"{split}/")
         metrics[f"{split}/env_steps"] = float(env_steps)
         return metrics

@@ -30,6 +30,20 @@ def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> li
     return pieces
 
 
+@torch.no_grad()
+def _release_weights(model: torch.nn.Module) -> None:
+    """Every tensor of ``model.state_dict()`` becomes a meta tensor (same shape and dtype, no
+    storage); ``load_state_dict(..., assign=True)`` restores them. Non-persistent buffers, which
+    no state dict carries, stay as they are."""
+    for name in model.state_dict():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        tensor = getattr(module, attr)
+        meta = tensor.to("meta")
+        setattr(module, attr, torch.nn.Parameter(meta, tensor.requires_grad)
+                if isinstance(tensor, torch.nn.Parameter) else meta)
+
+
 class RolloutWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel, env_world_size: int, actor_world_size: int):
         self.cfg, self.channel = cfg, channel
@@ -38,6 +52,7 @@ class RolloutWorker(Worker):
         if self.accelerator == "cpu":
             torch.set_num_threads(1)
         self.policy = build_policy(cfg.actor.model).to(self.device).eval()
+        self.offloaded = False
         stages = cfg.rollout.pipeline_stage_num
         # (env rank, stage) streams this rank serves, in a fixed order
         self.streams = [(e, s) for e in range(env_world_size) if e % self.world_size == self.rank
@@ -48,8 +63,33 @@ class RolloutWorker(Worker):
             from policies.openvla_oft.lora import load_adapter_state_dict
 
             load_adapter_state_dict(self.policy, state_dict)
+        elif self.offloaded:  # the weights' memory was released: take the new tensors as they are
+            dtypes = {k: v.dtype for k, v in self.policy.state_dict().items()}
+            self.policy.load_state_dict({k: v.to(self.device, dtypes.get(k, v.dtype))
+                                         for k, v in state_dict.items()}, assign=True)
+            self.offloaded = False
         else:
             self.policy.load_state_dict(state_dict)
+
+    def offload(self) -> None:
+        """Free the policy's memory between phases. The next ``set_weights`` brings full weights
+        back, so their memory is released outright (meta tensors: shapes only); with LoRA only
+        the adapters come back, so the model moves to host memory until ``reload``."""
+        if self.offloaded:
+            return
+        if self.cfg.actor.model.is_lora:
+            self.policy.to("cpu")
+        else:
+            _release_weights(self.policy)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def reload(self) -> None:
+        """LoRA: the model back onto the device. Full weights return with ``set_weights``."""
+        if self.offloaded and self.cfg.actor.model.is_lora:
+            self.policy.to(self.device)
+            self.offloaded = False
 
     @torch.no_grad()
     def generate(self, split: str, num_chunk_steps: int, seed: int) -> None:
