@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from embodied.config import ConfigError, compose
+from embodied.config import ConfigError, compose, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
 
@@ -51,7 +51,7 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
         )
     else:
         lines.append(f"data: {list(cfg.data.train_data_paths)}, {cfg.data.rollout_batch_size} prompts/step")
-    steps = cfg.runner.max_steps if cfg.runner.max_steps > 0 else cfg.runner.max_epochs
+    steps = training_steps(cfg.runner)
     lines.append(f"steps: {steps}, validate every {cfg.runner.val_check_interval}, "
                  f"save every {cfg.runner.save_interval}")
     return "\n".join(lines + [plan.describe()])

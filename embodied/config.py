@@ -145,5 +145,10 @@ def _one_line(err: Exception) -> str:
     return text or type(err).__name__
 
 
+def training_steps(runner_cfg: Any) -> int:
+    """Training steps of a run: ``runner.max_steps`` when set (> 0), else ``runner.max_epochs``."""
+    return runner_cfg.max_steps if runner_cfg.max_steps > 0 else runner_cfg.max_epochs
+
+
 def to_yaml(cfg: DictConfig | ListConfig) -> str:
     return OmegaConf.to_yaml(cfg)

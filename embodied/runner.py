@@ -22,6 +22,7 @@ from tqdm import tqdm
 from embodied import checkpoint
 from embodied.channel import Channel
 from embodied.cluster import Cluster
+from embodied.config import training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.worker import GroupCall, WorkerGroup
@@ -63,7 +64,7 @@ class Runner:
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg.runner
         self._maybe_resume()
-        last = cfg.max_steps if cfg.max_steps > 0 else cfg.max_epochs
+        last = training_steps(cfg)
         summary: dict[str, Any] = {}
         if cfg.val_before_train and self.step == 0:
             self.sync_weights()

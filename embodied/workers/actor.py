@@ -23,6 +23,8 @@ from torch.distributed.fsdp import fully_shard
 from embodied.algorithms import actor_critic_loss, loss_hyperparameters
 from embodied.algorithms.trajectory import training_samples, tree_cat, tree_map
 from embodied.channel import Channel
+from embodied.config import training_steps
+from embodied.lr_schedule import learning_rate
 from embodied.worker import Worker
 from policies import build_policy
 from policies.base import reduce_logprobs, split_value_parameters
@@ -48,8 +50,10 @@ class ActorWorker(Worker):
         optim = cfg.actor.optim
         rest, value = split_value_parameters(self.policy)
         groups = [{"params": rest, "lr": optim.lr}]
+        self.lr_ratios = [1.0]  # each group's rate relative to the scheduled one
         if value:
             groups.append({"params": value, "lr": optim.value_lr})
+            self.lr_ratios.append(optim.value_lr / optim.lr)
         self.optimizer = torch.optim.Adam(groups, betas=(optim.adam_beta1, optim.adam_beta2),
                                           eps=optim.adam_eps, weight_decay=optim.weight_decay)
         self.loss_args = loss_hyperparameters(self.algo)
@@ -76,6 +80,9 @@ class ActorWorker(Worker):
         torch.manual_seed(seed)  # any other draw (dropout) is keyed on the step too, as on resume
         sums: dict[str, float] = defaultdict(float)
         updates, planned = 0, self.algo.update_epochs * (count // per_rank)
+        lr = learning_rate(step, self.cfg.actor.lr_sched, training_steps(self.cfg.runner))
+        for group, ratio in zip(self.optimizer.param_groups, self.lr_ratios):
+            group["lr"] = lr * ratio
         self.policy.train()
         for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
             metrics = self._minibatch(batch, index, micro)
@@ -85,7 +92,7 @@ class ActorWorker(Worker):
             if self._kl_exceeded(metrics["actor/approx_kl"]):
                 break
         metrics = {k: v / max(updates, 1) for k, v in sums.items()}
-        metrics["actor/lr"] = self.cfg.actor.optim.lr
+        metrics["actor/lr"] = lr
         metrics["actor/update_fraction"] = updates / max(planned, 1)
         return _mean_over_ranks(metrics)
 
