@@ -2,6 +2,7 @@
 after SIGKILL, and a dead env worker."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -59,6 +60,22 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert 0.0 <= result["eval_success"] <= 1.0
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
 
+
+def test_cnn_policy_trains_from_camera_images(tmp_path):
+    """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers."""
+    args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn"), "runner.max_epochs=2",
+            "runner.save_interval=1"]
+    result, _ = embodied("train", args)
+    assert result["env_steps"] == 2 * 4 * 10
+    for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
+        values = scalars(tmp_path / "cnn", tag)
+        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), (tag, values)
+    ckpts = tmp_path / "cnn" / "checkpoints"
+    assert checkpoint.latest(ckpts).name == "global_step_2"
+    first, second = (torch.load(ckpts / f"global_step_{n}" / "actor" / "model.pt", weights_only=True)
+                     for n in (1, 2))
+    conv = "image_encoder.0.0.weight"  # the first conv layer: image features are trained
+    assert first[conv].shape == (32, 3, 8, 8) and not torch.equal(first[conv], second[conv])
 
 def _env_worker_pids(driver: int) -> list[int]:
     """Env workers are the parents of the forkserver that starts their simulator processes;
