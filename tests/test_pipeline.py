@@ -61,6 +61,20 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
 
 
+def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
+    """With rollout.pipeline_stage_num=2 each env worker's envs form two stages that take turns
+    with the policy; every env must still get the actions for its own observations, so greedy
+    episodes of one checkpoint are the same as without stages."""
+    embodied("train", tiny(tmp_path) + ["runner.max_epochs=1"])
+    returns = {}
+    for stages in (1, 2):
+        name = f"stages{stages}"
+        embodied("eval", tiny(tmp_path, name) + [
+            f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.total_num_envs=8",
+            f"rollout.pipeline_stage_num={stages}"])
+        returns[stages] = scalars(tmp_path / name, "eval/return")
+    assert returns[1] == returns[2] and returns[1][1] != 0.0
+
 def test_cnn_policy_trains_from_camera_images(tmp_path):
     """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers."""
     args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn"), "runner.max_epochs=2",
