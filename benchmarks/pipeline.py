@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1,
                         help="simulator processes per stage (1: the env's work stays on its slot)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rollouts per launch")
-    parser.add_argument("--rounds", type=int, default=2, help="launches of each stage count")
+    parser.add_argument("--rounds", type=int, default=3, help="launches of each stage count")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every workload")
     args = parser.parse_args()
 
