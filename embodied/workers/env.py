@@ -62,8 +62,10 @@ class EnvWorker(Worker):
         call starts fresh episodes."""
         envs = self._build(split)
         continue_episodes = split == "train" and self.cfg.env.train.auto_reset and split in self.last_obs
-        obs = self.last_obs[split] if continue_episodes else [env.reset() for env in envs]
-        for stage in range(self.stages):
+        obs = self.last_obs[split] if continue_episodes else [None] * self.stages
+        for stage, env in enumerate(envs):
+            if not continue_episodes:
+                obs[stage] = env.reset()  # the policy starts on this stage while the next resets
             self.channel.put(obs_key(self.cfg, split, self.rank, stage), {"obs": obs[stage]})
         stats = self.stats[split]
         env_steps = 0
