@@ -24,6 +24,7 @@ import json
 import multiprocessing as mp
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import ray
@@ -121,17 +122,22 @@ class Bench(Worker):
             del msg
 
     def ping_ray(self, ping: RayQueue, pong: RayQueue, n: int) -> list[float]:
-        msg, rtts = small_message(), []
-        for _ in range(n):
-            start = time.perf_counter()
-            ping.put(msg)
-            msg = pong.get()
-            rtts.append(time.perf_counter() - start)
-        return rtts
+        return _ping(ping, pong, n)
 
     def pong_ray(self, ping: RayQueue, pong: RayQueue, n: int) -> None:
         for _ in range(n):
             pong.put(ping.get())
+
+
+def _ping(ping: Any, pong: Any, n: int) -> list[float]:
+    """Round trips of a small message through two queues (``put`` / ``get``) and a pong peer."""
+    msg, rtts = small_message(), []
+    for _ in range(n):
+        start = time.perf_counter()
+        ping.put(msg)
+        msg = pong.get()
+        rtts.append(time.perf_counter() - start)
+    return rtts
 
 
 def _mp_produce(queue, n: int) -> None:
@@ -175,12 +181,7 @@ def run_mp_latency(n: int) -> list[float]:
     ping, pong = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=_mp_pong, args=(ping, pong, n))
     proc.start()
-    msg, rtts = small_message(), []
-    for _ in range(n):
-        start = time.perf_counter()
-        ping.put(msg)
-        msg = pong.get()
-        rtts.append(time.perf_counter() - start)
+    rtts = _ping(ping, pong, n)
     proc.join()
     return rtts
 

@@ -184,6 +184,14 @@ def extract_obs(raw: Any, p: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
+def _observe(env: gym.Env, raw: Any, p: dict[str, Any], render: bool) -> dict[str, np.ndarray]:
+    """``extract_obs``, plus the rendered scene under ``RENDER_IMAGES`` when videos want it."""
+    obs = extract_obs(raw, p)
+    if render:
+        obs[RENDER_IMAGES] = _to_numpy(env.render())
+    return obs
+
+
 class ManiSkillEnv:
     """One ManiSkill scene on the CPU simulation: the ``SingleEnv`` of an env subprocess."""
 
@@ -206,10 +214,7 @@ class ManiSkillEnv:
         return float(reward), bool(terminated), bool(info["success"])
 
     def observation(self) -> dict[str, np.ndarray]:
-        obs = extract_obs(self._raw_obs, self.p)
-        if self.render:
-            obs[RENDER_IMAGES] = _to_numpy(self.env.render())
-        return {k: v[0] for k, v in obs.items()}
+        return {k: v[0] for k, v in _observe(self.env, self._raw_obs, self.p, self.render).items()}
 
     def close(self) -> None:
         self.env.close()
@@ -247,7 +252,7 @@ class ManiSkillGPUSim:
                 "env_idx": torch.as_tensor(env_ids[followers], device=self.device),
                 "reset_to_env_states": {"env_states": states},
             })
-        return self._observe(obs)
+        return _observe(self.env, obs, self.p, self.render)
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
@@ -257,14 +262,8 @@ class ManiSkillGPUSim:
             rewards.append(_to_numpy(r).astype(np.float32))
             terminated.append(_to_numpy(term).astype(bool))
             success.append(_to_numpy(info["success"]).astype(bool))
-        return (self._observe(obs), np.stack(rewards, 1), np.stack(terminated, 1),
+        return (_observe(self.env, obs, self.p, self.render), np.stack(rewards, 1), np.stack(terminated, 1),
                 np.stack(success, 1))
-
-    def _observe(self, raw: Any) -> dict[str, np.ndarray]:
-        obs = extract_obs(raw, self.p)
-        if self.render:
-            obs[RENDER_IMAGES] = _to_numpy(self.env.render())
-        return obs
 
     def close(self) -> None:
         self.env.close()

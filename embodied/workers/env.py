@@ -92,8 +92,7 @@ class EnvWorker(Worker):
     def episode_state(self) -> dict[str, list[int]]:
         """Per split, the episode number each of this worker's envs starts next, in global env
         order: what the runner saves with a checkpoint."""
-        live = {split: np.concatenate([env.next_episodes() for env in envs])
-                for split, envs in self.envs.items()}
+        live = {split: _next_episodes(envs) for split, envs in self.envs.items()}
         return {split: numbers.tolist() for split, numbers in (self.next_episodes | live).items()}
 
     def load_episode_state(self, state: dict[str, list[int]]) -> None:
@@ -112,7 +111,7 @@ class EnvWorker(Worker):
     def close(self) -> None:
         """Close the simulators, keeping their episode numbering for a rebuild."""
         for split, envs in self.envs.items():
-            self.next_episodes[split] = np.concatenate([env.next_episodes() for env in envs])
+            self.next_episodes[split] = _next_episodes(envs)
             for env in envs:
                 env.close()
         self.envs.clear()
@@ -121,3 +120,8 @@ class EnvWorker(Worker):
         """Simulators are rebuilt on the next ``interact``; episodes in flight are dropped."""
         self.close()
         self.last_obs.clear()
+
+
+def _next_episodes(envs: list[Any]) -> np.ndarray:
+    """The episode number each env of a split's stages starts next, stage after stage."""
+    return np.concatenate([env.next_episodes() for env in envs])
