@@ -18,6 +18,7 @@ from embodied.config import CONFIG_DIR, check_schema, register_resolvers
 from policies import POLICIES, build_policy
 from policies.base import reduce_logprobs
 from policies.openvla_oft import OpenVLAOFTPolicy
+from policies.openvla_oft.policy import lora_targets
 from policies.openvla_oft.action_tokenizer import ActionTokenizer
 from policies.openvla_oft.checkpoint import (
     CheckpointError,
@@ -28,7 +29,7 @@ from policies.openvla_oft.checkpoint import (
 )
 from policies.openvla_oft.config import ConfigError, vit_spec
 from policies.openvla_oft.decoding import ActionSampler, parallel_decode, sequential_decode
-from policies.openvla_oft.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
+from policies.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
 from policies.openvla_oft.model import PromptInputs, position_ids
 from policies.openvla_oft.normalization import (
     normalize_proprio,
@@ -467,9 +468,14 @@ def test_lora_targets_trainables_and_adapter_round_trip(ckpt, tmp_path):
     adapter["base_model.model.projector.fc9.lora_A.weight"] = torch.zeros(4, 4)
     save_file(adapter, str(tmp_path / "rl" / "lora_adapter" / "adapter_model.safetensors"))
     with pytest.raises(CheckpointError, match=r"unexpected keys: base_model.model.projector.fc9.lora_A.weight"):
-        apply_lora(from_pretrained(tmp_path / "rl"), 4, tmp_path / "rl" / "lora_adapter")
-    with pytest.raises(ConfigError, match="lora_rank=8 but the adapter"):
-        apply_lora(from_pretrained(tmp_path / "rl"), 8, tmp_path / "rl" / "lora_adapter")
+        _lora_from(tmp_path / "rl", rank=4)
+    with pytest.raises(CheckpointError, match="lora_rank=8 but the adapter"):
+        _lora_from(tmp_path / "rl", rank=8)
+
+
+def _lora_from(folder, rank: int):
+    vla = from_pretrained(folder)
+    return apply_lora(vla, lora_targets(vla), rank, min(rank, 16), folder / "lora_adapter")
 
 
 def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:

@@ -164,7 +164,7 @@ class ActorWorker(Worker):
         """Unsharded weights on rank 0 for the rollout workers (None on other ranks): only the
         LoRA adapters and value head when training LoRA, else the whole model."""
         if self.cfg.actor.model.is_lora:
-            from policies.openvla_oft.lora import adapter_state_dict
+            from policies.lora import adapter_state_dict
 
             state = adapter_state_dict(self.policy)
         else:

@@ -60,7 +60,7 @@ class RolloutWorker(Worker):
 
     def set_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         if self.cfg.actor.model.is_lora:
-            from policies.openvla_oft.lora import load_adapter_state_dict
+            from policies.lora import load_adapter_state_dict
 
             load_adapter_state_dict(self.policy, state_dict)
         elif self.offloaded:  # the weights' memory was released: take the new tensors as they are

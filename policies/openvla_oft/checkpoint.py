@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from policies.openvla_oft.config import VLAConfig
 from policies.openvla_oft.model import OpenVLAOFT
+from policies.weights import CheckpointError, check_keys, full_tensor, is_writer, listing
 
 CONFIG_FILE = "config.json"
 STATS_FILE = "dataset_statistics.json"
@@ -31,17 +32,6 @@ PROPRIO_PATTERN = "proprio_projector--*.pt"
 PROPRIO_FILE = "proprio_projector--checkpoint.pt"
 PROPRIO_PREFIX = "proprio_projector."
 DEFAULT_SHARD_BYTES = 5 * 1024**3
-MAX_LISTED = 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that does not match the model; the message names files and keys."""
-
-
-def _listing(keys: Iterable[str]) -> str:
-    keys = sorted(keys)
-    shown = ", ".join(keys[:MAX_LISTED])
-    return f"{shown}, ... ({len(keys)} in all)" if len(keys) > MAX_LISTED else shown
 
 
 def _read_json(path: Path) -> dict:
@@ -91,26 +81,6 @@ def _shapes(files: Mapping[str, Path]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_keys(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], source: str) -> None:
-    """Fail, naming the tensors, unless ``found`` has exactly the names and shapes of ``expected``."""
-    missing = set(expected) - set(found)
-    unexpected = set(found) - set(expected)
-    misshapen = [
-        f"{k} {found[k]} != {expected[k]}"
-        for k in sorted(set(expected) & set(found))
-        if tuple(found[k]) != tuple(expected[k])
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing keys: {_listing(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys: {_listing(unexpected)}")
-    if misshapen:
-        problems.append(f"shape mismatches: {_listing(misshapen)}")
-    if problems:
-        raise CheckpointError(f"{source} does not match the model; " + "; ".join(problems))
-
-
 def _proprio_file(path: Path) -> Path | None:
     found = sorted(path.glob(PROPRIO_PATTERN))
     if len(found) > 1:
@@ -153,7 +123,7 @@ def from_pretrained(
             raise CheckpointError(f"actor.model.use_proprio is true but {path} has no {PROPRIO_PATTERN} file")
         proprio = _read_proprio(file)
         if "fc1.weight" not in proprio:
-            raise CheckpointError(f"{file} has no fc1.weight; found {_listing(proprio)}")
+            raise CheckpointError(f"{file} has no fc1.weight; found {listing(proprio)}")
     files = weight_files(path)
     with torch.device(device), default_dtype(dtype):
         model = OpenVLAOFT(
@@ -186,20 +156,6 @@ def load_tokenizer(path: str | Path):
         raise CheckpointError(f"cannot load a tokenizer from {path}: {e}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def is_writer() -> bool:
-    """Whether this process writes files: under torch.distributed every rank gathers, rank 0 writes."""
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A plain CPU tensor (gathers FSDP2-sharded DTensors; every rank must call)."""
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
-    return t.detach().cpu()
 
 
 def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -22,10 +22,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from policies.base import ActOutput, EvaluateOutput, Policy
+from policies.lora import ADAPTER_DIR, apply_lora, save_adapter
 from policies.openvla_oft import checkpoint
 from policies.openvla_oft.config import ConfigError, PolicyOptions
 from policies.openvla_oft.decoding import ActionSampler
-from policies.openvla_oft.lora import ADAPTER_DIR, apply_lora, save_adapter
 from policies.openvla_oft.model import OpenVLAOFT, PromptInputs
 from policies.openvla_oft.normalization import (
     normalize_proprio,
@@ -38,6 +38,21 @@ from policies.openvla_oft.preprocess import as_uint8_images, build_prompts, norm
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 VALUE_HEAD_FILE = "value_head.safetensors"
 INPUT_KEYS = ("input_ids", "attention_mask", "images", "proprio")
+
+
+def lora_targets(model: OpenVLAOFT) -> str:
+    """peft's target regex: every linear layer that does work, as OFT's "all-linear" LoRA: the
+    Llama attention and MLP projections, the vision projector and the ViT blocks except each
+    backbone's last (never run: features come from the second-to-last block). The LM head, the
+    unused SigLIP pooling head and the proprio projector stay frozen."""
+    backbone = model.vision_backbone
+    vits = [
+        rf"vision_backbone\.{name}\.blocks\.(?!{len(vit.blocks) - 1}\.)\d+\.(attn\.(qkv|proj)|mlp\.fc[12])"
+        for name, vit in (("featurizer", backbone.featurizer), ("fused_featurizer", backbone.fused_featurizer))
+        if vit is not None
+    ]
+    llm = r"language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+    return "(" + "|".join([llm, r"projector\.fc\d", *vits]) + ")"
 
 
 class ValueHead(nn.Module):
@@ -76,7 +91,9 @@ class OpenVLAOFTPolicy(Policy):
         self._check_matches_checkpoint(vla, self.tokenizer, options)
         if options.gradient_checkpointing:
             vla.language_model.activation_checkpointing_enable({"use_reentrant": False})
-        self.vla = apply_lora(vla, options.lora_rank, options.lora_path) if options.is_lora else vla
+        if options.is_lora:  # alpha as OFT's min(rank, 16)
+            vla = apply_lora(vla, lora_targets(vla), options.lora_rank, min(options.lora_rank, 16), options.lora_path)
+        self.vla = vla
 
         norm_stats = vla.config.norm_stats
         self.unnorm_key = resolve_unnorm_key(norm_stats, options.unnorm_key)

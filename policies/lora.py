@@ -1,11 +1,10 @@
-"""LoRA for RL fine-tuning, and the small state dict that carries it from actor to rollout.
+"""LoRA for RL fine-tuning of any policy (OpenVLA-OFT, causal LMs), and the small state dict
+that carries it from actor to rollout.
 
-Adapters go on every linear layer that does work: the Llama attention and MLP projections, the
-vision projector and the ViT attention/MLP layers of the blocks that run (OFT fine-tunes
-"all-linear" much the same way; the LM head, the unused SigLIP pooling head and last ViT blocks,
-and the proprio projector stay frozen). Alpha follows
-OFT's ``min(rank, 16)``. Adapters are saved and read in peft's folder format, so an OFT LoRA
-checkpoint (``lora_path``) loads, strictly: any adapter tensor without a home is an error.
+A policy names its target modules (a peft regex or list); everything else is shared: adapters
+are saved and read in peft's folder format, so an adapter folder (``lora_path``) written by peft
+or by another framework loads, strictly: any adapter tensor without a home is an error. The
+weight sync after an update sends only the adapters and the value head.
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file
 from torch import nn
 
-from policies.openvla_oft.checkpoint import CheckpointError, check_keys, full_tensor, is_writer
-from policies.openvla_oft.config import ConfigError
-from policies.openvla_oft.model import OpenVLAOFT
+from policies.weights import CheckpointError, check_keys, full_tensor, is_writer
 
 ADAPTER_DIR = "lora_adapter"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -28,28 +25,16 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 VALUE_HEAD_PREFIX = "value_head."
 
 
-def target_modules(model: OpenVLAOFT) -> str:
-    """peft's target regex: LLM projections, projector, and ViT blocks except each backbone's
-    last (never run: features come from the second-to-last block)."""
-    backbone = model.vision_backbone
-    vits = [
-        rf"vision_backbone\.{name}\.blocks\.(?!{len(vit.blocks) - 1}\.)\d+\.(attn\.(qkv|proj)|mlp\.fc[12])"
-        for name, vit in (("featurizer", backbone.featurizer), ("fused_featurizer", backbone.fused_featurizer))
-        if vit is not None
-    ]
-    llm = r"language_model\.model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
-    return "(" + "|".join([llm, r"projector\.fc\d", *vits]) + ")"
-
-
-def apply_lora(model: OpenVLAOFT, rank: int, lora_path: str | Path | None = None) -> PeftModel:
-    """Wrap ``model`` with trainable LoRA adapters (fresh, or read from ``lora_path``); the base
-    weights are frozen."""
+def apply_lora(model: nn.Module, targets: str | list[str], rank: int, alpha: float,
+               lora_path: str | Path | None = None) -> PeftModel:
+    """Wrap ``model`` with trainable LoRA adapters on ``targets`` (fresh, or read from
+    ``lora_path``); the base weights are frozen."""
     if lora_path is None:
         config = LoraConfig(
             r=rank,
-            lora_alpha=min(rank, 16),
+            lora_alpha=alpha,
             lora_dropout=0.0,
-            target_modules=target_modules(model),
+            target_modules=targets,
             init_lora_weights="gaussian",
         )
         return get_peft_model(model, config)
@@ -58,7 +43,7 @@ def apply_lora(model: OpenVLAOFT, rank: int, lora_path: str | Path | None = None
         raise CheckpointError(f"actor.model.lora_path={str(path)!r} needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
     config = LoraConfig.from_pretrained(str(path))
     if config.r != rank:
-        raise ConfigError(f"actor.model.lora_rank={rank} but the adapter at {path} has rank {config.r}")
+        raise CheckpointError(f"actor.model.lora_rank={rank} but the adapter at {path} has rank {config.r}")
     config.inference_mode = False
     peft_model = get_peft_model(model, config)
     adapter = load_file(str(path / ADAPTER_WEIGHTS))
