@@ -491,10 +491,10 @@ class Channel:
             return
         self._owner_pid = None
         if self._agents and ray.is_initialized():
-            try:
-                ray.get([a.cleanup.remote(self._prefix) for a in self._agents.values()], timeout=30)
-            except Exception:  # a node already gone took its segments' processes with it
-                pass
+            # a node already gone took its segments' processes with it: ask only the live ones
+            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            refs = [a.cleanup.remote(self._prefix) for n, a in self._agents.items() if n in alive]
+            ray.wait(refs, num_returns=len(refs), timeout=10)
             for actor in [self._homes, *self._agents.values()]:
                 ray.kill(actor)
         _unlink_prefix(self._prefix)

@@ -73,6 +73,7 @@ class Cluster:
                 ) from err
         self.node_ids = self._wait_for_nodes()
         nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+        self._addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         used = [nodes[i] for i in self.node_ids]
         gpus = min(int(r.get("GPU", 0)) for r in used)
         if num_gpus_per_node is None:
@@ -170,6 +171,10 @@ class Cluster:
 
     def node_id(self, node: int) -> str:
         return self.node_ids[node]
+
+    def node_label(self, node: int) -> str:
+        """``node <index> (<address>)``, for messages about a worker on that node."""
+        return f"node {node} ({self._addresses.get(self.node_ids[node], '?')})"
 
     def _reserve(self, node: int) -> PlacementGroup:
         """The placement group holding every device of node ``node`` (made on first use)."""

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from embodied import checkpoint
-from embodied.channel import Channel
+from embodied.channel import Channel, sweep_dead_channels
 from embodied.cluster import Cluster
 from embodied.config import training_steps
 from embodied.loggers import MetricLogger
@@ -50,6 +50,9 @@ class Runner:
         if not cfg.runner.only_eval:
             self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor",
                                             name=cfg.actor.group_name, args=(cfg, self.channel))
+        for group in (self.env, self.rollout, self.actor):
+            if group is not None:
+                print(group.describe(), flush=True)
         chunks = cfg.actor.model.num_action_chunks
         self.train_chunk_steps = cfg.env.train.max_episode_steps // chunks
         self.eval_chunk_steps = cfg.env.eval.max_episode_steps // chunks
@@ -210,6 +213,7 @@ class Runner:
                 group.shutdown()
         self.channel.close()
         self.cluster.shutdown()
+        sweep_dead_channels()  # shared memory of killed workers (their processes are gone now)
 
 
 def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -33,14 +33,15 @@ from embodied.cluster import Cluster
 from embodied.placement import Device, PlacementPlan
 
 START_TIMEOUT_S = 300.0  # how long Ray may take to start a group's processes
+EXIT_TIMEOUT_S = 10.0  # how long a shut-down group's processes may take to exit
 
 
 class WorkerError(RuntimeError):
     """A rank of a worker group raised or died."""
 
-    def __init__(self, group: str, rank: int, what: str) -> None:
-        super().__init__(f"{group} rank {rank} {what}")
-        self.group, self.rank = group, rank
+    def __init__(self, group: str, rank: int, what: str, node: str = "") -> None:
+        super().__init__(f"{group} rank {rank}{f' on {node}' if node else ''} {what}")
+        self.group, self.rank, self.node = group, rank, node
 
 
 class Worker:
@@ -78,7 +79,9 @@ class _Host:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def construct(self, cls: type, identity: dict, env: dict, args: tuple, kwargs: dict) -> None:
+    def construct(self, cls: type, identity: dict, env: dict, args: tuple, kwargs: dict
+                  ) -> tuple[str, int]:
+        """Build the worker; returns this process's host name and pid (for cleanup after it)."""
         os.environ.update(env)
         gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
         if identity["accelerator"] == "gpu":
@@ -88,6 +91,7 @@ class _Host:
             setattr(worker, attr, value)
         worker.__init__(*args, **kwargs)
         self.worker = worker
+        return socket.gethostname(), os.getpid()
 
     def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
@@ -154,15 +158,15 @@ class GroupCall:
             self._results[rank] = ray.get(ref)
             del self._pending[ref]
         except RayActorError as err:
-            error = WorkerError(self.group.name, rank, f"died during {self.method}(): {err}")
+            error = self.group._error_of(rank, f"died during {self.method}(): {err}")
             self.group._mark_dead(error)
             self._fail(error, err)
         except RayTaskError as err:
             cause = err.cause if getattr(err, "cause", None) is not None else err
             what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
-            self._fail(WorkerError(self.group.name, rank, what), err)
+            self._fail(self.group._error_of(rank, what), err)
         except RayError as err:
-            self._fail(WorkerError(self.group.name, rank, f"failed in {self.method}(): {err}"), err)
+            self._fail(self.group._error_of(rank, f"failed in {self.method}(): {err}"), err)
         if not self._pending:
             _CALLS.discard(self)
 
@@ -194,6 +198,7 @@ class WorkerGroup:
         self._cluster = cluster
         self._watches: dict[ray.ObjectRef, int] = {}
         self._error: WorkerError | None = None
+        self._processes: list[tuple[str, int]] = []  # (host name, pid) of each rank
 
     @classmethod
     def launch(
@@ -235,7 +240,7 @@ class WorkerGroup:
                     accelerator=plan.accelerator,
                 )
                 refs.append(host.construct.remote(worker_cls, identity, env, args, kwargs or {}))
-            GroupCall(group, "__init__", refs).wait()
+            group._processes = GroupCall(group, "__init__", refs).wait()
         except BaseException:
             group.shutdown()
             raise
@@ -259,6 +264,16 @@ class WorkerGroup:
             ray.kill(host)
         self._hosts = []
         self._cluster.release(self.name)
+        # a killed rank cannot clean up after itself: once its process is gone, whatever shared
+        # memory it made is swept (embodied.channel.sweep_dead_channels)
+        _wait_for_exit([pid for host, pid in self._processes if host == socket.gethostname()])
+        self._processes = []
+
+    def describe(self) -> str:
+        """One line: each rank's process id and node (what to look at when a rank misbehaves)."""
+        ranks = [f"rank {r} pid {pid} on {self._cluster.node_label(d.node)}"
+                 for r, ((_, pid), d) in enumerate(zip(self._processes, self.devices))]
+        return f"{self.name}: " + "; ".join(ranks)
 
     def _settle(self, ref: ray.ObjectRef, rank: int) -> None:
         """A watch ended: the rank's process is gone."""
@@ -267,8 +282,12 @@ class WorkerGroup:
             detail = "its process exited"
         except RayError as err:
             detail = str(err)
-        self._mark_dead(WorkerError(self.name, rank, f"died: {detail}"))
+        self._mark_dead(self._error_of(rank, f"died: {detail}"))
         raise self._error
+
+    def _error_of(self, rank: int, what: str) -> WorkerError:
+        """The error of ``rank``, naming the node it ran on (index and address)."""
+        return WorkerError(self.name, rank, what, self._cluster.node_label(self.devices[rank].node))
 
     def _mark_dead(self, error: WorkerError) -> None:
         self._error = error
@@ -276,3 +295,17 @@ class WorkerGroup:
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.worker_cls.__name__}, world_size={self.world_size})"
+
+
+def _wait_for_exit(pids: list[int], timeout: float = EXIT_TIMEOUT_S) -> None:
+    """Wait until these processes of this host have exited (Ray's kill is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+            time.sleep(0.05)

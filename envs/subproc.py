@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import secrets
 import sys
 import traceback
 import weakref
@@ -169,6 +170,12 @@ class _Resources:
                 pass  # a caller still holds a view; the memory goes when that view does
 
 
+def _segment_name() -> str:
+    from embodied.channel import creator_prefix
+
+    return f"{creator_prefix(os.getpid())}env.{secrets.token_hex(6)}"
+
+
 class SubprocVectorEnv:
     """``len(env_fns)`` single-scene envs in ``num_processes`` processes (contiguous blocks of
     envs; default one process per CPU core, at most one per env), stepped together."""
@@ -203,7 +210,9 @@ class SubprocVectorEnv:
                                      f"reset states: {spec[:3]} vs {specs[0][:3]}")
             self.task_descriptions = [s[3] for s in specs]
             layout, size = _layout(obs_spec, self.num_envs)
-            self._res.shm = shared_memory.SharedMemory(create=True, size=size)
+            # named like the channels' segments, so that the shared memory of a process killed
+            # before it could close this is swept once that process is gone
+            self._res.shm = shared_memory.SharedMemory(create=True, size=size, name=_segment_name())
             self._obs = _views(self._res.shm.buf, layout)
             for conn in self._res.conns:
                 conn.send((self._res.shm.name, layout))

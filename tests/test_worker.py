@@ -146,7 +146,7 @@ def test_gloo_all_reduce_set_up_by_launcher(pair):
 def test_raising_rank_is_named_without_waiting_for_the_others(pair):
     group = pair()
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"EchoGroup rank 1 raised in fail_on\(\): ValueError: bad input on rank 1") as info:
+    with pytest.raises(WorkerError, match=r"EchoGroup rank 1 on node 0 \(.+?\) raised in fail_on\(\): ValueError: bad input on rank 1") as info:
         group.execute("fail_on", 1).wait()
     assert time.monotonic() - start < FAILURE_DEADLINE_S  # rank 0 is still asleep for 60 s
     assert (info.value.group, info.value.rank) == ("EchoGroup", 1)
@@ -159,7 +159,7 @@ def test_killed_rank_is_named(pair):
     time.sleep(0.5)
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(WorkerError, match="EchoGroup rank 1 died") as info:
+    with pytest.raises(WorkerError, match="EchoGroup rank 1 on node 0 \\(.+?\\) died") as info:
         call.wait()
     assert time.monotonic() - start < FAILURE_DEADLINE_S
     assert info.value.rank == 1
@@ -176,7 +176,7 @@ def test_idle_rank_death_ends_a_wait_on_another_group(cluster):
         call = rollout.execute("sleep", 60)  # e.g. waiting for observations that never come
         os.kill(env_pids[0], signal.SIGKILL)
         start = time.monotonic()
-        with pytest.raises(WorkerError, match="EnvGroup rank 0 died"):
+        with pytest.raises(WorkerError, match="EnvGroup rank 0 on node 0 \\(.+?\\) died"):
             call.wait()
         assert time.monotonic() - start < FAILURE_DEADLINE_S
     finally:
@@ -191,7 +191,7 @@ def test_error_in_another_group_ends_a_wait(cluster):
     try:
         env.execute("fail_on", 0)
         start = time.monotonic()
-        with pytest.raises(WorkerError, match="EnvGroup rank 0 raised"):
+        with pytest.raises(WorkerError, match="EnvGroup rank 0 on node 0 \\(.+?\\) raised"):
             rollout.execute("sleep", 60).wait()
         assert time.monotonic() - start < FAILURE_DEADLINE_S
     finally:
@@ -200,7 +200,7 @@ def test_error_in_another_group_ends_a_wait(cluster):
 
 
 def test_failed_init_is_named_and_frees_the_devices(cluster, pair):
-    with pytest.raises(WorkerError, match=r"BrokenGroup rank 1 raised in __init__\(\): RuntimeError: cannot load model"):
+    with pytest.raises(WorkerError, match=r"BrokenGroup rank 1 on node 0 \(.+?\) raised in __init__\(\): RuntimeError: cannot load model"):
         pair(BrokenInit, args=(), name="BrokenGroup")
     assert pair().execute("compute", 1).wait()[1]["value"] == 6  # same devices, free again
 

@@ -1,0 +1,67 @@
+"""Suite-wide checks: no test may leave shared-memory segments behind in /dev/shm.
+
+A segment counts as left behind when it appeared during the test and, a few seconds after the
+test, no live process maps or holds it open (segments of other programs running beside the
+suite are in use by them, so they do not count; Ray's object store unlinks its own).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+SHM = "/dev/shm"
+SETTLE_S = 10.0  # killed workers' processes may take this long to exit and be swept
+
+
+def _segments() -> set[str]:
+    try:
+        return set(os.listdir(SHM))
+    except FileNotFoundError:
+        return set()
+
+
+def _in_use() -> set[str]:
+    """Names of /dev/shm files that some live process maps or has open."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    at = line.find(SHM + "/")
+                    if at >= 0:
+                        used.add(line[at + len(SHM) + 1:].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM + "/"):
+                    used.add(target[len(SHM) + 1:].split()[0])
+        except OSError:  # the process exited meanwhile, or is not ours to read
+            continue
+    return used
+
+
+def leaked_segments(before: set[str], settle: float = SETTLE_S) -> list[str]:
+    """Segments made since ``before`` that nobody uses, after waiting up to ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        new = _segments() - before
+        left = sorted(new - _in_use()) if new else []
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory_left_behind():
+    before = _segments()
+    yield
+    left = leaked_segments(before)
+    if left:
+        for name in left:  # the next tests start clean; this one fails
+            try:
+                os.unlink(os.path.join(SHM, name))
+            except OSError:
+                pass
+        pytest.fail(f"the test left shared-memory segments in {SHM}: {left}", pytrace=False)
