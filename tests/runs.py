@@ -1,0 +1,83 @@
+"""Helpers of the end-to-end fault and multi-node tests: a tiny PPO config with the env, rollout
+and actor groups on separate devices, runs started as subprocesses, and their workers' pids."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from embodied.config import CONFIG_DIR
+
+# PPO on PushCube, 2 envs, 10-step episodes: about a second per step once started.
+TINY = f"""\
+defaults:
+  - base
+  - env/maniskill_push_cube@env.train
+  - env/maniskill_push_cube@env.eval
+  - model/mlp@actor.model
+  - _self_
+hydra:
+  searchpath: [file://{CONFIG_DIR}]
+cluster:
+  component_placement:
+    env: {{env}}
+    rollout: {{rollout}}
+    actor: {{actor}}
+runner:
+  experiment_name: tiny
+  max_epochs: 1000
+  val_check_interval: -1
+  save_interval: 1
+actor:
+  micro_batch_size: 10
+  global_batch_size: 20
+env:
+  train: {{{{total_num_envs: 2, max_episode_steps: 10}}}}
+  eval: {{{{total_num_envs: 2, max_episode_steps: 10}}}}
+"""
+PIDS = re.compile(r"rank (\d+) pid (\d+) on node (\d+)")
+
+
+def tiny_config(folder: Path, env: str = "0", rollout: str = "1", actor: str = "0-1") -> list[str]:
+    """Write the tiny experiment with this placement; returns the CLI arguments that pick it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tiny.yaml").write_text(TINY.format(env=env, rollout=rollout, actor=actor))
+    return ["--config-path", str(folder), "--config-name", "tiny"]
+
+
+class Run:
+    """``python -m embodied train ...`` in the background, its output in files."""
+
+    def __init__(self, args: list[str], out: Path, name: str) -> None:
+        self.stdout, self.stderr = out / f"{name}.out", out / f"{name}.err"
+        with open(self.stdout, "w") as o, open(self.stderr, "w") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "embodied", "train", *args],
+                                         stdout=o, stderr=e)
+
+    def wait_for(self, predicate, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert self.proc.poll() is None, self.stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.1)
+
+    def pids(self, group: str) -> list[tuple[int, int]]:
+        """(pid, node) of each rank of ``group``, from the lines the runner prints at launch."""
+        for line in self.stdout.read_text().splitlines():
+            if line.startswith(f"{group}: "):
+                return [(int(pid), int(node)) for _, pid, node in PIDS.findall(line)]
+        return []
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        return self.proc.returncode, self.stderr.read_text()
+
+    def last_error_line(self) -> str:
+        return self.stderr.read_text().strip().splitlines()[-1]
