@@ -10,11 +10,12 @@ step counter) goes from a producer worker to a consumer worker, many times, thro
 * ``multiprocessing.Queue`` between two processes (pickled through a pipe);
 * ``np.copyto`` into a warm buffer in one process: the physical limit.
 
-Bounded queues hold 2 messages everywhere. Also the latency of a 1 KB message (half a ping-pong
+Bounded queues hold 2 messages everywhere. Then the same bulk message across two Ray nodes (a
+two-raylet cluster on this machine): the channel's cross-node path against Ray's object store. Also the latency of a 1 KB message (half a ping-pong
 round trip) for the channel, Ray's queue and ``multiprocessing.Queue``. Prints a table of medians
 and, last, one line of JSON.
 
-    flock /tmp/bench.lock python benchmarks/channel.py
+    flock /tmp/cpu.lock python benchmarks/channel.py
 """
 
 from __future__ import annotations
@@ -197,11 +198,48 @@ def memcpy(batch: dict, n: int) -> list[float]:
     return times
 
 
+CROSS_CHANNEL = "channel across nodes + copy into reused buffer"
+CROSS_RAY = "Ray object store across nodes + copy"
+
+
+def cross_node(n: int, warmup: int) -> dict[str, list[float]]:
+    """Producer on one Ray node, consumer on another: the channel's cross-node path (the key
+    lives on the producer's node; the consumer's gets go through that node's agent and the object
+    store) against ``ray.put`` + a Ray queue + ``ray.get`` between the same two workers."""
+    from ray.cluster_utils import Cluster as RayTestCluster
+
+    nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    try:
+        cluster = Cluster(num_nodes=2, ray_address=nodes.address)
+        plan = cluster.plan({"producer": 0, "consumer": 1})
+        producer = WorkerGroup.launch(Bench, cluster, plan, "producer", name="ProducerGroup")
+        consumer = WorkerGroup.launch(Bench, cluster, plan, "consumer", name="ConsumerGroup")
+        ch = Channel.create("bench", maxsize=BOUND)
+        ch.put(KEY, {"step": -1})  # the driver is on the producer's node: the key lives there
+        assert ch.get(KEY) == {"step": -1}
+        out = {}
+        calls = [producer.execute("produce_channel", ch, n), consumer.execute("consume_channel", ch, n, True)]
+        out[CROSS_CHANNEL] = intervals([c.wait() for c in calls][1][0], warmup)
+        queue = RayQueue(maxsize=BOUND, actor_options={"num_cpus": 0})
+        calls = [producer.execute("produce_ray", queue, n), consumer.execute("consume_ray", queue, n)]
+        out[CROSS_RAY] = intervals([c.wait() for c in calls][1][0], warmup)
+        producer.shutdown()
+        consumer.shutdown()
+        ch.close()
+        cluster.shutdown()
+        return out
+    finally:
+        nodes.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=60, help="bulk messages per transport")
     parser.add_argument("--warmup", type=int, default=10, help="first messages left out")
     parser.add_argument("--pings", type=int, default=400, help="small-message round trips")
+    parser.add_argument("--cross-messages", type=int, default=30, help="bulk messages across nodes")
     args = parser.parse_args()
     n, warm = args.messages, args.warmup
     nbytes = array_bytes(make_batch())
@@ -243,6 +281,7 @@ def main() -> None:
     consumer.shutdown()
     ch.close()
     cluster.shutdown()
+    cross = cross_node(args.cross_messages, warm // 2)
 
     gbps = {name: nbytes / statistics.median(t) / 1e9 for name, t in per_msg.items()}
     limit = gbps["memcpy (np.copyto, one process)"]
@@ -254,6 +293,10 @@ def main() -> None:
     half_ms = {name: statistics.median(t) / 2 * 1e3 for name, t in latency.items()}
     for name, ms in half_ms.items():
         print(f"{name:<45} {ms:>8.3f} ms")
+    print(f"\nacross two Ray nodes (two raylets on this machine), {args.cross_messages - warm // 2} timed messages:")
+    cross_gbps = {name: nbytes / statistics.median(t) / 1e9 for name, t in cross.items()}
+    for name, t in cross.items():
+        print(f"{name:<45} {statistics.median(t) * 1e3:>8.3f} {cross_gbps[name]:>7.2f}")
     channel = gbps["channel (shared-memory views)"]
     ray_gbps = gbps["Ray object store + copy into reused buffer"]
     figures = {
@@ -269,6 +312,9 @@ def main() -> None:
         "small_msg_latency_ms": round(half_ms["channel"], 4),
         "ray_small_msg_latency_ms": round(half_ms["Ray queue"], 4),
         "mp_queue_small_msg_latency_ms": round(half_ms["multiprocessing.Queue"], 4),
+        "cross_node_channel_gbps": round(cross_gbps[CROSS_CHANNEL], 3),
+        "cross_node_ray_gbps": round(cross_gbps[CROSS_RAY], 3),
+        "cross_node_channel_vs_ray": round(cross_gbps[CROSS_CHANNEL] / cross_gbps[CROSS_RAY], 2),
     }
     print(json.dumps(figures))
 
