@@ -222,7 +222,7 @@ def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in {k for m in per_rank for k in m}:
         split, figure, *task = key.split("/")
-        if figure in ("episodes", "env_steps"):
+        if figure in ("episodes", "env_steps", "non_finite"):
             out[key] = sum(m.get(key, 0.0) for m in per_rank)
             continue
         count = "/".join([split, "episodes", *task])

@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor.training_backend": ("fsdp", "megatron"),
     "actor.fsdp_config.sharding_strategy": ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard"),
     "actor.lr_sched.lr_decay_style": ("constant", "linear", "cosine"),
+    "env.non_finite": ("error", "mask"),
 }
 # key: (lowest allowed, whether the bound itself is allowed, highest allowed or None)
 RANGES: dict[str, tuple[float, bool, float | None]] = {
@@ -48,6 +49,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "actor.lr_sched.lr_warmup_fraction": (0, True, 1),
     "actor.lr_sched.lr_warmup_iters": (0, True, None),
     "actor.optim.clip_grad": (0, False, None),
+    "actor.optim.max_skipped_updates": (1, True, None),
     "actor.optim.adam_eps": (0, False, None),
     "actor.optim.weight_decay": (0, True, None),
     "actor.micro_batch_size": (1, True, None),

@@ -4,6 +4,7 @@ trajectories the rollout workers send through the replay channel."""
 from __future__ import annotations
 
 import copy
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ class ActorWorker(Worker):
             self.lr_ratios.append(optim.value_lr / optim.lr)
         self.optimizer = torch.optim.Adam(groups, betas=(optim.adam_beta1, optim.adam_beta2),
                                           eps=optim.adam_eps, weight_decay=optim.weight_decay)
+        self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.loss_args = loss_hyperparameters(self.algo)
         if self.algo.use_kl_in_reward:
             self.loss_args["kl_beta"] = 0.0  # the KL is already in the rewards
@@ -91,7 +93,15 @@ class ActorWorker(Worker):
             updates += 1
             if self._kl_exceeded(metrics["actor/approx_kl"]):
                 break
+        skipped = sums.pop("actor/skipped_updates", 0.0)
+        limit = self.cfg.actor.optim.max_skipped_updates
+        if self.skipped_in_a_row >= limit:
+            raise FloatingPointError(
+                f"{self.skipped_in_a_row} optimizer steps in a row skipped for a non-finite loss or "
+                f"gradient (actor.optim.max_skipped_updates={limit}), the last at training step "
+                f"{step}; the weights are those of the last good update, as in the last checkpoint")
         metrics = {k: v / max(updates, 1) for k, v in sums.items()}
+        metrics["actor/skipped_updates"] = skipped
         metrics["actor/lr"] = lr
         metrics["actor/update_fraction"] = updates / max(planned, 1)
         return _mean_over_ranks(metrics)
@@ -108,8 +118,16 @@ class ActorWorker(Worker):
             for key, value in metrics.items():
                 sums[key] += float(value) / len(parts)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
-        sums["actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        self.optimizer.step()
+        norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        sums["actor/grad_norm"] = norm
+        # a non-finite loss on any rank makes the (global, so same on every rank) norm non-finite
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.skipped_in_a_row = 0
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_in_a_row += 1
+            sums["actor/skipped_updates"] = 1.0
         return sums
 
     def _kl_exceeded(self, approx_kl: float) -> bool:

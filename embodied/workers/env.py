@@ -36,6 +36,7 @@ class EnvWorker(Worker):
         # episode numbering of the splits whose simulators are not built (yet, or since offload)
         self.next_episodes: dict[str, np.ndarray] = {}
         self.stats = {"train": EpisodeStats(), "eval": EpisodeStats()}
+        self.masked: dict[str, int] = {}  # non-finite values set to 0 per split (env.non_finite: mask)
         self._build("train")  # fail at launch, not at the first step, on a bad env config
 
     def _build(self, split: str) -> list[Any]:
@@ -66,13 +67,15 @@ class EnvWorker(Worker):
         for stage, env in enumerate(envs):
             if not continue_episodes:
                 obs[stage] = env.reset()  # the policy starts on this stage while the next resets
+                self._check_finite(split, 0, stage, obs[stage], None)
             self.channel.put(obs_key(self.cfg, split, self.rank, stage), {"obs": obs[stage]})
         stats = self.stats[split]
         env_steps = 0
-        for _ in range(num_chunk_steps):
+        for step in range(1, num_chunk_steps + 1):
             for stage, env in enumerate(envs):
                 actions = self.channel.get(action_key(self.cfg, split, self.rank, stage))
                 obs[stage], rewards, terminations, truncations, infos = env.chunk_step(actions)
+                rewards = self._check_finite(split, step, stage, obs[stage], rewards)
                 stats.update(infos)
                 env_steps += rewards.size
                 message = {"obs": obs[stage], "rewards": rewards, "terminations": terminations,
@@ -87,7 +90,34 @@ class EnvWorker(Worker):
                 env.flush()
         metrics = stats.pop(prefix=f"{split}/")
         metrics[f"{split}/env_steps"] = float(env_steps)
+        if self.cfg.env.non_finite == "mask":
+            metrics[f"{split}/non_finite"] = float(self.masked.pop(split, 0))
         return metrics
+
+    def _check_finite(self, split: str, step: int, stage: int, obs: dict[str, Any],
+                      rewards: np.ndarray | None) -> np.ndarray | None:
+        """NaN or inf in observations or rewards: with ``env.non_finite: error`` stop, naming this
+        env rank, the chunk step and the envs; with ``mask`` set them to 0 (in place) and count
+        the values masked (``<split>/non_finite``)."""
+        parts = {k: v for k, v in obs.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+        if rewards is not None:
+            parts["rewards"] = rewards
+        bad = {k: ~np.isfinite(v) for k, v in parts.items()}
+        bad = {k: b for k, b in bad.items() if b.any()}
+        if not bad:
+            return rewards
+        if self.cfg.env.non_finite == "error":
+            per_stage = self.cfg.env[split].total_num_envs // self.world_size // self.stages
+            first = (self.rank * self.stages + stage) * per_stage  # global index of this stage's env 0
+            what = "; ".join(f"{k} of env(s) {sorted({first + i for i in np.nonzero(b)[0].tolist()})}"
+                             for k, b in bad.items())
+            raise FloatingPointError(
+                f"env rank {self.rank}: non-finite values at {split} chunk step {step}: {what}; "
+                "set env.non_finite=mask to zero and count them instead")
+        for key, b in bad.items():
+            parts[key][b] = 0
+            self.masked[split] = self.masked.get(split, 0) + int(b.sum())
+        return rewards
 
     def episode_state(self) -> dict[str, list[int]]:
         """Per split, the episode number each of this worker's envs starts next, in global env
