@@ -18,6 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (e.g. a full disk); the previous one stays the latest."""
+
+
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 

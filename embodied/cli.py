@@ -81,12 +81,13 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
     if args.dry_run:
         print(f"{prog}: config OK (dry run, nothing started)")
         return 0
+    from embodied.checkpoint import CheckpointError
     from embodied.runner import print_result, run
     from embodied.worker import WorkerError
 
     try:
         print_result(run(cfg, plan))
-    except WorkerError as err:
+    except (WorkerError, CheckpointError) as err:
         print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
         return 1
     return 0

@@ -11,6 +11,7 @@ Collocated roles take turns on the devices: each phase starts by naming the role
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from embodied.cluster import Cluster
 from embodied.config import training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
-from embodied.worker import GroupCall, WorkerGroup
+from embodied.worker import GroupCall, WorkerError, WorkerGroup
 from embodied.workers.actor import ActorWorker
 from embodied.workers.env import EnvWorker
 from embodied.workers.rollout import RolloutWorker, replay_pieces
@@ -169,14 +170,24 @@ class Runner:
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """Actor weights and optimizer, step, env steps and every env's next episode number."""
-        folder = checkpoint.partial_dir(self.ckpt_root, self.step)
         self._turn(self.actor)  # an actor offloaded for an eval gathers its state on its devices
-        self.actor.execute("save", str(folder)).wait()
         per_rank = self.env.execute("episode_state").wait()
         episodes = {split: [n for rank in per_rank for n in rank[split]] for split in per_rank[0]}
-        return checkpoint.commit(self.ckpt_root, self.step,
-                                 {"env_steps": self.env_steps, "next_episodes": episodes},
-                                 keep=self.cfg.runner.max_ckpts_to_keep)
+        folder = self.ckpt_root / f"global_step_{self.step}.partial"
+        try:
+            folder = checkpoint.partial_dir(self.ckpt_root, self.step)
+            self.actor.execute("save", str(folder)).wait()
+            return checkpoint.commit(self.ckpt_root, self.step,
+                                     {"env_steps": self.env_steps, "next_episodes": episodes},
+                                     keep=self.cfg.runner.max_ckpts_to_keep)
+        except (OSError, WorkerError) as err:  # a full disk, a lost mount: stop with the last one intact
+            shutil.rmtree(folder, ignore_errors=True)
+            why = str(err) if isinstance(err, WorkerError) else f"{type(err).__name__}: {err}"
+            free = shutil.disk_usage(self.ckpt_root).free / 1e6 if self.ckpt_root.is_dir() else 0.0
+            raise checkpoint.CheckpointError(
+                f"checkpoint of step {self.step} not written ({why}); {free:.1f} MB free in "
+                f"{self.ckpt_root}; the latest checkpoint is still {checkpoint.latest(self.ckpt_root)}"
+            ) from err
 
     def _maybe_resume(self) -> None:
         """Continue from a checkpoint as the run that wrote it would have gone on: rollouts and

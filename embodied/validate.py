@@ -7,6 +7,7 @@ config costs seconds instead of a crashed cluster.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -132,6 +133,9 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
               f"{actor_ranks} actor rank(s) = {per_step}")
 
+    _writable("runner.logger.log_path", cfg.runner.logger.log_path)
+    _writable("runner.logger.log_path (its checkpoints folder)",
+              os.path.join(cfg.runner.logger.log_path, "checkpoints"))
     if cfg.runner.only_eval:
         _checkpoint(cfg, "runner.ckpt_path")
     if cfg.runner.resume_dir not in (None, "auto"):
@@ -216,6 +220,23 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
         if component not in plan.components:
             _fail("cluster.component_placement", lines, f"a line that places {component!r}")
     return plan
+
+
+def _writable(key: str, path: str) -> None:
+    """``path`` is a folder this process can write, or can be made in one: probed by creating
+    (and removing) a file in it or in its nearest existing ancestor, which also catches
+    read-only mounts and, unlike ``os.access``, holds for root too."""
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        _fail(key, path, f"a folder that can be created, but {folder} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        _fail(key, path, f"a writable folder, but {folder} is not writable ({err.strerror})")
 
 
 def _checkpoint(cfg: DictConfig, key: str) -> None:

@@ -2,6 +2,7 @@
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -78,3 +79,54 @@ def test_process_killed_while_writing_leaves_the_previous_checkpoint(tmp_path):
     newest = checkpoint.latest(tmp_path)
     assert newest.name == "global_step_1"
     assert torch.load(newest / "model.pt")["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A real 6 MiB tmpfs (mounting needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_unwritable_log_path_is_refused_before_anything_starts(tmp_path, small_mount):
+    from embodied.cli import load
+    from embodied.config import ConfigError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"runner.logger.log_path = '.*/file/run': expected a folder "
+                                          r"that can be created, but .*/file is a file"):
+        load("maniskill_ppo_mlp", [f"runner.logger.log_path={tmp_path / 'file' / 'run'}"])
+    (small_mount / "run" / "checkpoints").mkdir(parents=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
+    with pytest.raises(ConfigError, match=r"runner.logger.log_path = '.*/small/run': expected a writable "
+                                          r"folder, but .*/small/run is not writable \(Read-only file system\)"):
+        load("maniskill_ppo_mlp", [f"runner.logger.log_path={small_mount / 'run'}"])
+    done = subprocess.run([sys.executable, "-m", "embodied", "train",
+                           f"runner.logger.log_path={small_mount / 'new'}"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Read-only file system" in done.stderr.strip().splitlines()[-1]
+    assert "Ray" not in done.stderr
+
+
+@pytest.mark.slow
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one_and_says_so(tmp_path, small_mount):
+    """Each step of the tiny run saves ~3.4 MB (weights and Adam moments); on a 6 MiB tmpfs
+    step 1's fits and step 2's does not."""
+    from tests.runs import Run, tiny_config
+
+    run = Run(tiny_config(tmp_path) + [f"runner.output_dir={small_mount}"], tmp_path, "full")
+    code, _ = run.finish(timeout=240)
+    ckpts = small_mount / "tiny" / "checkpoints"
+    last = checkpoint.latest(ckpts)
+    assert code == 1
+    assert last.name == "global_step_1"
+    assert run.last_error_line().startswith("embodied-train: checkpoint of step 2 not written (")
+    assert re.search(r"; [0-2]\.\d MB free in .*/small/tiny/checkpoints; ", run.last_error_line())
+    assert run.last_error_line().endswith(f"the latest checkpoint is still {last}")
+    assert sorted(p.name for p in ckpts.iterdir()) == [p.name for p in checkpoint.list_checkpoints(ckpts)]
+    torch.load(last / "actor" / "model.pt", weights_only=True)
+    torch.load(last / "actor" / "optimizer.pt", weights_only=False)
