@@ -5,7 +5,8 @@
 
 Where each piece runs is the workers' business; this file only says what happens in what order.
 Collocated roles take turns on the devices: each phase starts by naming the roles it runs
-(``_turn``), and a role with ``enable_offload`` frees its memory while it idles.
+(``_turn``), and a role with ``enable_offload`` frees its memory while it idles (env workers
+close their simulators and rebuild them for the next rollout, continuing the episode numbering).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Runner:
         metrics["time/sync"] = time.monotonic() - tic
 
         tic = time.monotonic()
-        self._turn(self.rollout)
+        self._turn(self.rollout, self.env)
         calls = []
         for epoch in range(self.cfg.algorithm.rollout_epoch):
             seed = self.step * self.cfg.algorithm.rollout_epoch + epoch
@@ -136,7 +137,7 @@ class Runner:
     def _turn(self, *running: WorkerGroup) -> None:
         """The next phase runs these groups: an idle one with ``<role>.enable_offload`` frees its
         memory first, then a running one gets its memory back (both no-ops when already so)."""
-        groups = [g for g in (self.actor, self.rollout) if self._offloads(g)]
+        groups = [g for g in (self.actor, self.rollout, self.env) if self._offloads(g)]
         for call in [g.execute("offload") for g in groups if g not in running]:
             call.wait()
         for call in [g.execute("reload") for g in groups if g in running]:
@@ -149,7 +150,7 @@ class Runner:
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on the eval envs; success, return and length per episode."""
         tic = time.monotonic()
-        self._turn(self.rollout)
+        self._turn(self.rollout, self.env)
         env_call = self.env.execute("interact", "eval", self.eval_chunk_steps)
         self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
         metrics = _merge_ranks(env_call.wait())

@@ -13,8 +13,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from embodied import checkpoint
-from embodied.config import ConfigError
+from embodied.config import CONFIG_DIR, ConfigError
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
+from embodied.training_options import DTYPES, OPTIMIZERS
 from envs import ENVS
 from policies import POLICIES
 
@@ -38,6 +39,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor.fsdp_config.sharding_strategy": ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard"),
     "actor.lr_sched.lr_decay_style": ("constant", "linear", "cosine"),
     "env.non_finite": ("error", "mask"),
+    "actor.optim.optimizer": OPTIMIZERS,
+    "actor.fsdp_config.mixed_precision.param_dtype": tuple(DTYPES),
+    "actor.fsdp_config.mixed_precision.reduce_dtype": tuple(DTYPES),
+    "actor.fsdp_config.amp_autocast.precision": ("bf16", "fp16"),
 }
 # key: (lowest allowed, whether the bound itself is allowed, highest allowed or None)
 RANGES: dict[str, tuple[float, bool, float | None]] = {
@@ -51,6 +56,11 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "actor.lr_sched.lr_warmup_iters": (0, True, None),
     "actor.optim.clip_grad": (0, False, None),
     "actor.optim.max_skipped_updates": (1, True, None),
+    "actor.optim.min_lr": (0, True, None),
+    "actor.optim.adam_beta1": (0, True, 1),
+    "actor.optim.adam_beta2": (0, True, 1),
+    "actor.fsdp_config.grad_scaler.init_scale": (0, False, None),
+    "actor.fsdp_config.grad_scaler.growth_interval": (1, True, None),
     "actor.optim.adam_eps": (0, False, None),
     "actor.optim.weight_decay": (0, True, None),
     "actor.micro_batch_size": (1, True, None),
@@ -86,11 +96,57 @@ NULLABLE = {
     "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
     "algorithm.value_clip", "algorithm.target_kl",
 }
+MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
+FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
+# Keys of the schema that cannot work here, each with "<what>, because <why>": setting one (or a
+# key under one) to anything but its schema default stops the command before anything starts
+# with "<key>: not supported: <what>, because <why>".
+REFUSED: dict[str, str] = {
+    "actor.training_backend": "megatron, because the Megatron backend is not available (the actor "
+                              "trains with FSDP2)",
+    "actor.megatron": MEGATRON,
+    "actor.mcore_gpt": MEGATRON,
+    "actor.spec_name": MEGATRON,
+    "actor.offload_optimizer": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.offload_weight": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.offload_grad": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.optim.use_distributed_optimizer": MEGATRON + " (FSDP2 always shards the optimizer state)",
+    "actor.optim.overlap_grad_reduce": MEGATRON,
+    "actor.optim.overlap_param_gather": MEGATRON,
+    "actor.optim.overlap_param_gather_with_optimizer_step": MEGATRON,
+    "actor.optim.optimizer_enable_pin": MEGATRON,
+    "actor.optim.loss_scale_window": MEGATRON + "; fp16 loss scaling is actor.fsdp_config.grad_scaler",
+    "actor.optim.bf16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
+    "actor.optim.fp16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
+    "actor.enable_dp_load_balance": MEGATRON,
+    "actor.calculate_flops": "FLOP counting, because it is not implemented",
+    "actor.fsdp_config.strategy": "FSDP1, because only FSDP2 (fully_shard) is implemented",
+    "actor.fsdp_config.sharding_strategy": "other strategies than full_shard, because FSDP2 always shards "
+                                           "fully (reshard_after_forward: false keeps parameters "
+                                           "gathered, like shard_grad_op)",
+    "actor.fsdp_config.enable_gradient_accumulation": FSDP1 + ", which syncs only the last micro-batch",
+    "actor.fsdp_config.forward_prefetch": FSDP1 + ", which prefetches by itself",
+    "actor.fsdp_config.limit_all_gathers": FSDP1,
+    "actor.fsdp_config.backward_prefetch": FSDP1 + ", which prefetches by itself",
+    "actor.fsdp_config.use_orig_params": FSDP1 + ", which always keeps the original parameters",
+    "actor.fsdp_config.use_liger_kernel": "Liger kernels, because they need CUDA and no policy uses them",
+    "actor.fsdp_config.fsdp_size": "hybrid sharding, because shard groups smaller than the actor "
+                                   "are not implemented",
+    "actor.fsdp_config.mixed_precision.buffer_dtype": "a buffer dtype, because FSDP2 keeps buffers "
+                                                      "in their own dtype",
+    "critic.use_critic_model": "a separate critic model, because PPO's critic here is the "
+                               "policy's value head (actor.model.add_value_head)",
+    "rollout.mode": "choosing the mode, because it follows from cluster.component_placement "
+                    "(collocated, disaggregated or hybrid, printed at start)",
+    "rollout.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
+    "actor.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
+}
 ENV_RANGES = {"total_num_envs": 1, "max_episode_steps": 1, "group_size": 1}
 
 
 def validate(cfg: DictConfig) -> PlacementPlan:
     """Check every rule; return the placement plan the cluster will be launched with."""
+    refuse_unsupported(cfg)
     for key, allowed in CHOICES.items():
         _choice(cfg, key, allowed)
     for key, (low, inclusive, high) in RANGES.items():
@@ -126,6 +182,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               "true with algorithm.adv_type=gae (PPO needs a value head to bootstrap)")
 
     plan = _placement(cfg)
+    _training_options(cfg, plan.accelerator)
     actor_ranks = plan.world_size("actor")
     per_step = cfg.actor.micro_batch_size * actor_ranks
     if cfg.actor.global_batch_size % per_step:
@@ -192,6 +249,61 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
               "max_episode_steps / num_action_chunks x algorithm.rollout_epoch)")
+
+
+def refuse_unsupported(cfg: DictConfig) -> None:
+    """``REFUSED``: each key (or leaf under it) set to anything but its schema default stops here."""
+    schema = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "base.yaml"), resolve=False)
+    scratch = OmegaConf.create(OmegaConf.to_container(cfg))  # to resolve defaults such as ${a.b}/c
+    for key, why in REFUSED.items():
+        default: Any = schema
+        for part in key.split("."):
+            default = default[part]
+        leaves = _leaves(default, key + ".") if isinstance(default, dict) else [(key, default)]
+        for path, value in leaves:
+            if isinstance(value, str) and "${" in value:
+                scratch["_default_"] = value
+                value = scratch["_default_"]
+            if OmegaConf.select(cfg, path) != value:
+                raise ConfigError(f"{path}: not supported: {why}")
+
+
+def _leaves(node: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in node.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return out
+
+
+def _training_options(cfg: DictConfig, accelerator: str) -> None:
+    """Combinations of optimizer, precision and offload options that cannot work."""
+    optim, fsdp = cfg.actor.optim, cfg.actor.fsdp_config
+    schema = OmegaConf.load(CONFIG_DIR / "base.yaml").actor.optim
+    if optim.optimizer == "sgd":
+        for key in ("adam_beta1", "adam_beta2", "adam_eps"):
+            if optim[key] != schema[key]:
+                raise ConfigError(f"actor.optim.{key}: not supported with actor.optim.optimizer=sgd, "
+                                  "because SGD keeps no moment estimates")
+    if cfg.actor.lr_sched.min_lr > cfg.actor.lr_sched.max_lr:
+        _fail("actor.lr_sched.min_lr", cfg.actor.lr_sched.min_lr,
+              f"at most actor.lr_sched.max_lr ({cfg.actor.lr_sched.max_lr})")
+    gpu = accelerator == "gpu"
+    if fsdp.amp_autocast.enabled and fsdp.amp_autocast.precision == "fp16" and not gpu:
+        raise ConfigError("actor.fsdp_config.amp_autocast.precision: not supported: fp16 on CPU, "
+                          "because fp16 training needs loss scaling, which runs on CUDA; use bf16")
+    if fsdp.grad_scaler.enabled and not (gpu and fsdp.amp_autocast.enabled
+                                         and fsdp.amp_autocast.precision == "fp16"):
+        raise ConfigError("actor.fsdp_config.grad_scaler.enabled: not supported here, because loss "
+                          "scaling is for fp16 autocast on CUDA (amp_autocast.enabled with precision fp16)")
+    if fsdp.offload_pin_memory and not (gpu and fsdp.cpu_offload):
+        raise ConfigError("actor.fsdp_config.offload_pin_memory: not supported here, because pinned "
+                          "host memory needs CUDA and actor.fsdp_config.cpu_offload")
+    if fsdp.cpu_offload and cfg.actor.enable_offload:
+        raise ConfigError("actor.enable_offload: not supported with actor.fsdp_config.cpu_offload, "
+                          "because the actor's state already lives in host memory")
+    keep = cfg.runner.max_ckpts_to_keep
+    if keep == 0 or keep < -1:
+        _fail("runner.max_ckpts_to_keep", keep, "-1 (keep all) or at least 1")
 
 
 def devices_per_node(cfg: DictConfig) -> tuple[int, str]:

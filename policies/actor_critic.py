@@ -78,3 +78,16 @@ def obs_tensor(obs: Mapping[str, Any], key: str, shape: tuple[int, ...], dtype: 
             "(check actor.model against the env)"
         )
     return x
+
+
+def checkpoint_trunks(policy: SmallActorCritic) -> list[nn.Module]:
+    """``actor.model.gradient_checkpointing`` for the small policies: each layer stack (an
+    ``nn.Sequential`` child: the actor's and the critic's trunks, the CNN's encoder) keeps only
+    its input in the forward pass and recomputes its activations in the backward pass. Apply
+    before ``fully_shard``. Returns the stacks."""
+    from torch.distributed._composable import checkpoint
+
+    stacks = [m for m in policy.children() if isinstance(m, nn.Sequential)]
+    for stack in stacks:
+        checkpoint(stack)
+    return stacks

@@ -86,14 +86,17 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
 def test_offload_between_phases_trains_exactly_like_resident_workers(tmp_path):
     """With ``rollout.enable_offload`` and ``actor.enable_offload`` the rollout model is
     released after every rollout and rebuilt by the next weight sync, and the actor's state
-    moves out (a no-op move on CPU) with its gradients freed; the run's figures equal a run
-    without offload's, and each step's first update sees the rollout's log-probs exactly."""
+    moves out (a no-op move on CPU) with its gradients freed; with ``env.enable_offload`` the
+    simulators are closed after every rollout and rebuilt for the next, continuing the episode
+    numbering (so the same reset states); the run's figures equal a run without offload's, and
+    each step's first update sees the rollout's log-probs exactly."""
     one_minibatch = ["runner.max_epochs=2", "runner.val_check_interval=2", "algorithm.update_epochs=1",
                      "actor.global_batch_size=40"]  # 4 envs x 10 steps
     runs = {}
     for name, offload in (("resident", "false"), ("offload", "true")):
         result, done = embodied("train", tiny(tmp_path, name) + one_minibatch + [
-            f"rollout.enable_offload={offload}", f"actor.enable_offload={offload}"])
+            f"rollout.enable_offload={offload}", f"actor.enable_offload={offload}",
+            f"env.enable_offload={offload}"])
         assert f"  {TASK}: success {result['eval_success']:.3f} over 4 episodes" in done.stdout
         runs[name] = result
     assert runs["offload"]["eval_success"] == runs["resident"]["eval_success"]

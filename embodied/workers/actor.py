@@ -26,8 +26,10 @@ from embodied.algorithms.trajectory import training_samples, tree_cat, tree_map
 from embodied.channel import Channel
 from embodied.config import training_steps
 from embodied.lr_schedule import learning_rate
+from embodied.training_options import autocast, build_optimizer, fsdp_options, grad_scaler
 from embodied.worker import Worker
 from policies import build_policy
+from policies.actor_critic import SmallActorCritic, checkpoint_trunks
 from policies.base import reduce_logprobs, split_value_parameters
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -44,10 +46,14 @@ class ActorWorker(Worker):
         self.reference = None
         if self.algo.kl_beta > 0:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
-        reshard = cfg.actor.fsdp_config.reshard_after_forward
+        if cfg.actor.model.gradient_checkpointing and isinstance(policy, SmallActorCritic):
+            checkpoint_trunks(policy)  # (OpenVLA-OFT checkpoints its own layers)
+        shard = fsdp_options(cfg.actor.fsdp_config)
         for unit in getattr(policy, "shard_units", list)():  # large models shard block by block
-            fully_shard(unit, reshard_after_forward=reshard)
-        self.policy = fully_shard(policy, reshard_after_forward=reshard)
+            fully_shard(unit, **shard)
+        self.policy = fully_shard(policy, **shard)
+        self.autocast = autocast(cfg.actor.fsdp_config, self.torch_device)
+        self.scaler = grad_scaler(cfg.actor.fsdp_config, self.torch_device)
         optim = cfg.actor.optim
         rest, value = split_value_parameters(self.policy)
         groups = [{"params": rest, "lr": optim.lr}]
@@ -55,8 +61,7 @@ class ActorWorker(Worker):
         if value:
             groups.append({"params": value, "lr": optim.value_lr})
             self.lr_ratios.append(optim.value_lr / optim.lr)
-        self.optimizer = torch.optim.Adam(groups, betas=(optim.adam_beta1, optim.adam_beta2),
-                                          eps=optim.adam_eps, weight_decay=optim.weight_decay)
+        self.optimizer = build_optimizer(groups, optim)
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.loss_args = loss_hyperparameters(self.algo)
         if self.algo.use_kl_in_reward:
@@ -114,14 +119,20 @@ class ActorWorker(Worker):
         for i, part in enumerate(parts):
             self.policy.set_requires_gradient_sync(i == len(parts) - 1)
             loss, metrics = self._loss(tree_map(lambda x: x[part], batch))
-            (loss / len(parts)).backward()
+            loss = loss / len(parts)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
             for key, value in metrics.items():
                 sums[key] += float(value) / len(parts)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
         norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         sums["actor/grad_norm"] = norm
+        if self.scaler:  # fp16: the scaler skips steps with inf gradients and lowers its scale
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         # a non-finite loss on any rank makes the (global, so same on every rank) norm non-finite
-        if math.isfinite(norm):
+        elif math.isfinite(norm):
             self.optimizer.step()
             self.skipped_in_a_row = 0
         else:
@@ -166,15 +177,16 @@ class ActorWorker(Worker):
         batch["advantages"] = (adv - mean) / (std + 1e-8) * mask
 
     def _loss(self, mb: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out = self.policy(mb["forward_inputs"], mb["actions"])
+        with self.autocast():
+            out = self.policy(mb["forward_inputs"], mb["actions"])
         level = self.algo.logprob_type
         entropy = None
         if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
-            entropy = reduce_logprobs(out.entropy, self.algo.entropy_type)
+            entropy = reduce_logprobs(out.entropy.float(), self.algo.entropy_type)
         return actor_critic_loss(
-            logprobs=reduce_logprobs(out.logprobs, level), old_logprobs=mb["old_logprobs"],
+            logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb["old_logprobs"],
             advantages=mb["advantages"], mask=mb["mask"], entropy=entropy,
-            values=out.values if "returns" in mb else None, old_values=mb.get("old_values"),
+            values=out.values.float() if "returns" in mb else None, old_values=mb.get("old_values"),
             returns=mb.get("returns"), ref_logprobs=mb.get("ref_logprobs"), **self.loss_args,
         )
 

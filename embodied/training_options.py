@@ -1,0 +1,65 @@
+"""What ``actor.optim`` and ``actor.fsdp_config`` turn into for the FSDP2 actor: the optimizer,
+``fully_shard``'s options (mixed precision, CPU offload, resharding), autocast and loss scaling.
+
+- ``actor.optim.optimizer``: ``adam`` (L2 ``weight_decay`` added to the gradient), ``adamw``
+  (decoupled ``weight_decay``), both with ``adam_beta1/2`` and ``adam_eps``; ``sgd`` (plain,
+  with ``weight_decay``; the Adam keys must stay at their defaults).
+- ``actor.fsdp_config.mixed_precision.param_dtype / reduce_dtype``: FSDP2's
+  ``MixedPrecisionPolicy`` (parameters gathered and computed in ``param_dtype``, gradients reduced
+  in ``reduce_dtype``; the sharded master weights and the optimizer stay fp32).
+- ``actor.fsdp_config.amp_autocast``: ``torch.autocast`` around the policy's forward pass in
+  training (bf16 on CPU or GPU, fp16 on GPU); losses are computed in fp32.
+- ``actor.fsdp_config.grad_scaler``: dynamic loss scaling for fp16 autocast (GPU only).
+- ``actor.fsdp_config.cpu_offload`` (+ ``offload_pin_memory`` on GPU): FSDP2's
+  ``CPUOffloadPolicy``, sharded parameters, gradients and optimizer state live in host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def build_optimizer(groups: list[dict[str, Any]], optim: Any) -> torch.optim.Optimizer:
+    """The optimizer named by ``actor.optim.optimizer`` over these parameter groups."""
+    name = optim.optimizer
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=optim.lr, weight_decay=optim.weight_decay)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    return cls(groups, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
+               weight_decay=optim.weight_decay)
+
+
+def fsdp_options(fsdp: Any) -> dict[str, Any]:
+    """Keyword arguments of every ``fully_shard`` call of the actor."""
+    options: dict[str, Any] = {"reshard_after_forward": fsdp.reshard_after_forward}
+    mp = fsdp.mixed_precision
+    if (mp.param_dtype, mp.reduce_dtype) != ("fp32", "fp32"):
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[mp.param_dtype],
+                                                    reduce_dtype=DTYPES[mp.reduce_dtype])
+    if fsdp.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=fsdp.offload_pin_memory)
+    return options
+
+
+def autocast(fsdp: Any, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A context factory for the training forward pass (a no-op unless amp_autocast is on)."""
+    amp = fsdp.amp_autocast
+    if not amp.enabled:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=DTYPES[amp.precision])
+
+
+def grad_scaler(fsdp: Any, device: torch.device) -> torch.amp.GradScaler | None:
+    scaler = fsdp.grad_scaler
+    if not scaler.enabled:
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=scaler.init_scale,
+                                growth_interval=scaler.growth_interval)

@@ -1,0 +1,137 @@
+"""actor.optim / actor.fsdp_config keys do what they say (optimizer choice, min_lr, precision,
+CPU offload, gradient checkpointing), and keys that cannot work here are refused by name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from embodied.cli import load
+from embodied.config import ConfigError, compose
+from embodied.training_options import autocast, build_optimizer, fsdp_options
+from embodied.validate import REFUSED
+from policies import build_policy
+from policies.actor_critic import checkpoint_trunks
+
+
+def optim_cfg(**changes):
+    return compose("maniskill_ppo_mlp", [f"actor.optim.{k}={v}" for k, v in changes.items()]).actor.optim
+
+
+def one_step(name: str, grad: float, **changes) -> float:
+    """The parameter (1.0) after one step with this gradient."""
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = build_optimizer([{"params": [p]}], optim_cfg(optimizer=name, lr=0.1, **changes))
+    p.grad = torch.full((1,), grad)
+    opt.step()
+    return p.item()
+
+
+def test_optimizer_choice_and_weight_decay():
+    # SGD: p - lr * (g + wd * p)
+    assert one_step("sgd", 0.5, weight_decay=0.2) == pytest.approx(1 - 0.1 * (0.5 + 0.2))
+    # AdamW decouples the decay: a zero gradient still shrinks p by lr * wd * p
+    assert one_step("adamw", 0.0, weight_decay=0.2) == pytest.approx(1 - 0.1 * 0.2)
+    # Adam adds wd * p to the gradient: the first step moves by lr whatever the scale
+    assert one_step("adam", 0.0, weight_decay=0.2) == pytest.approx(1 - 0.1, rel=1e-4)
+    opt = build_optimizer([{"params": [torch.nn.Parameter(torch.ones(1))]}],
+                          optim_cfg(optimizer="adamw", adam_beta1=0.8, adam_beta2=0.99, adam_eps=1e-6))
+    assert opt.defaults["betas"] == (0.8, 0.99) and opt.defaults["eps"] == 1e-6
+    with pytest.raises(ConfigError, match="actor.optim.adam_beta2: not supported with actor.optim.optimizer=sgd"):
+        load("maniskill_ppo_mlp", ["actor.optim.optimizer=sgd", "actor.optim.adam_beta2=0.9"])
+    with pytest.raises(ConfigError, match=r"actor.optim.optimizer = 'lion': expected one of \['adam', 'adamw', 'sgd'\]"):
+        load("maniskill_ppo_mlp", ["actor.optim.optimizer=lion"])
+
+
+def test_min_lr_of_optim_is_the_schedules_default_and_the_schedule_overrides_it():
+    assert compose("maniskill_ppo_mlp", ["actor.optim.min_lr=1e-5"]).actor.lr_sched.min_lr == 1e-5
+    both = compose("maniskill_ppo_mlp", ["actor.optim.min_lr=1e-5", "actor.lr_sched.min_lr=2e-5"])
+    assert both.actor.lr_sched.min_lr == 2e-5
+    with pytest.raises(ConfigError, match=r"actor.lr_sched.min_lr = 0.1: expected at most actor.lr_sched.max_lr \(0.0003\)"):
+        load("maniskill_ppo_mlp", ["actor.optim.min_lr=0.1"])
+
+
+def test_precision_and_offload_options():
+    fsdp = compose("maniskill_ppo_mlp", [
+        "actor.fsdp_config.mixed_precision.param_dtype=bf16", "actor.fsdp_config.cpu_offload=true",
+        "actor.fsdp_config.amp_autocast.enabled=true", "actor.fsdp_config.reshard_after_forward=false",
+    ]).actor.fsdp_config
+    options = fsdp_options(fsdp)
+    assert options["reshard_after_forward"] is False
+    assert options["mp_policy"].param_dtype == torch.bfloat16 and options["mp_policy"].reduce_dtype == torch.float32
+    assert options["offload_policy"].pin_memory is False
+    with autocast(fsdp, torch.device("cpu"))():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    plain = compose("maniskill_ppo_mlp").actor.fsdp_config
+    assert fsdp_options(plain) == {"reshard_after_forward": True}
+    with autocast(plain, torch.device("cpu"))():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    for overrides, match in [
+        (["actor.fsdp_config.grad_scaler.enabled=true"], "grad_scaler.enabled: not supported here, because"),
+        (["actor.fsdp_config.offload_pin_memory=true"], "offload_pin_memory: not supported here, because pinned"),
+        (["actor.fsdp_config.cpu_offload=true", "actor.enable_offload=true"],
+         "actor.enable_offload: not supported with actor.fsdp_config.cpu_offload"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            load("maniskill_ppo_mlp", overrides)
+
+
+def test_gradient_checkpointing_recomputes_the_trunks_and_keeps_the_gradients():
+    cfg = compose("maniskill_ppo_mlp").actor.model
+    torch.manual_seed(0)
+    plain = build_policy(cfg)
+    checked = build_policy(cfg)
+    checked.load_state_dict(plain.state_dict())
+    stacks = checkpoint_trunks(checked)
+    assert len(stacks) == 2  # the actor's and the critic's trunks
+    calls = []
+    for stack in stacks:
+        stack[0].register_forward_hook(lambda *_: calls.append(1))
+    inputs = {"states": torch.randn(5, cfg.state_dim)}
+    actions = plain.act(inputs).actions
+    grads = []
+    for policy in (plain, checked):
+        out = policy.evaluate(policy.preprocess(inputs), actions)
+        (out.logprobs.sum() + out.values.sum()).backward()
+        grads.append({n: p.grad for n, p in policy.named_parameters()})
+    assert len(calls) == 4  # each trunk ran again in the backward pass
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad)
+
+
+def _other_value(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    return "x"  # strings and nulls
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED))
+def test_each_refused_key_stops_the_command_naming_it(key):
+    schema = OmegaConf.to_container(OmegaConf.load("config/base.yaml"), resolve=False)
+    node, path = schema, key
+    for part in key.split("."):
+        node = node[part]
+    while isinstance(node, dict):  # the first leaf under a refused subtree
+        first = next(iter(node))
+        node, path = node[first], f"{path}.{first}"
+    value = _other_value(node if not (isinstance(node, str) and "${" in node) else None)
+    with pytest.raises(ConfigError) as info:
+        load("maniskill_ppo_mlp", [f"{path}={value}"])
+    message = str(info.value)
+    assert message.startswith(f"{path}: not supported: ") and ", because " in message
+
+
+def test_refusal_is_one_line_and_exit_code_2():
+    done = subprocess.run([sys.executable, "-m", "embodied", "train", "actor.optim.bf16=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "embodied-train: config error: actor.optim.bf16: not supported: a Megatron option, because "
+        "the Megatron backend is not available (the actor trains with FSDP2); use "
+        "actor.fsdp_config.amp_autocast or mixed_precision"]
