@@ -135,3 +135,31 @@ def test_refusal_is_one_line_and_exit_code_2():
         "embodied-train: config error: actor.optim.bf16: not supported: a Megatron option, because "
         "the Megatron backend is not available (the actor trains with FSDP2); use "
         "actor.fsdp_config.amp_autocast or mixed_precision"]
+
+
+@pytest.mark.slow
+def test_a_run_with_every_option_on_trains_on_two_fsdp2_ranks(tmp_path):
+    """AdamW with weight decay, bf16 autocast and bf16 FSDP2 parameters, CPU offload, gradient
+    checkpointing, a linear decay to optim.min_lr, and max_ckpts_to_keep=1, through the real
+    workers (the actor on two gloo ranks)."""
+    from embodied import checkpoint
+    from tests.runs import Run, tiny_config
+    from tests.test_pipeline import scalars
+
+    run = Run(tiny_config(tmp_path) + [
+        f"runner.output_dir={tmp_path}", "runner.max_epochs=3", "runner.max_ckpts_to_keep=1",
+        "actor.optim.optimizer=adamw", "actor.optim.weight_decay=0.01", "actor.optim.min_lr=1e-5",
+        "actor.lr_sched.lr_decay_style=linear", "actor.fsdp_config.amp_autocast.enabled=true",
+        "actor.fsdp_config.mixed_precision.param_dtype=bf16", "actor.fsdp_config.cpu_offload=true",
+        "actor.model.gradient_checkpointing=true"], tmp_path, "options")
+    code, err = run.finish(timeout=240)
+    assert code == 0, err[-3000:]
+    logs = tmp_path / "tiny"
+    assert scalars(logs, "actor/lr") == pytest.approx({1: 3e-4, 2: (3e-4 + 1e-5) / 2, 3: 1e-5})
+    for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
+        assert all(torch.isfinite(torch.tensor(v)) for v in scalars(logs, tag).values()), tag
+    assert scalars(logs, "actor/skipped_updates") == {1: 0.0, 2: 0.0, 3: 0.0}
+    ckpts = checkpoint.list_checkpoints(logs / "checkpoints")
+    assert [p.name for p in ckpts] == ["global_step_3"]
+    weights = torch.load(ckpts[0] / "actor" / "model.pt", weights_only=True)
+    assert all(w.dtype == torch.float32 for w in weights.values())  # fp32 master weights
