@@ -19,7 +19,8 @@ data travels through Ray's object store.
 Cleanup: every segment is named ``embch.<host>.<creator pid>.<channel id>...``. The process that
 created the channel unlinks them on ``close()`` and at exit (also after an exception, Ctrl-C or
 SIGTERM, and whatever killed producers left); creating a channel also removes the segments of
-channels whose creator is no longer alive (a driver killed with SIGKILL). Linux only
+channels whose creator is no longer alive (a driver killed with SIGKILL), as does the runner
+once its workers are gone (env workers name their observation blocks the same way). Linux only
 (``/dev/shm``, futex).
 """
 

@@ -14,7 +14,10 @@ needs no arguments.
 No hangs: while the driver waits on any handle it also watches every other call in flight and
 every live group (each rank keeps a call open that only ends when its process dies). A rank that
 raises, or whose process dies, even while idle or while the driver waits on another group, ends
-the wait within seconds with a ``WorkerError`` naming group and rank.
+the wait within seconds with a ``WorkerError`` naming group, rank and node (``EnvGroup rank 0 on
+node 1 (10.0.0.2) died: ...``); a whole node lost ends it the same way. Shutting a group down
+waits for its processes to exit, so that the shared memory they could not release (killed,
+not closed) can be swept (``embodied.channel.sweep_dead_channels``).
 """
 
 from __future__ import annotations
