@@ -75,7 +75,7 @@ class EnvWorker(Worker):
             for stage, env in enumerate(envs):
                 actions = self.channel.get(action_key(self.cfg, split, self.rank, stage))
                 obs[stage], rewards, terminations, truncations, infos = env.chunk_step(actions)
-                rewards = self._check_finite(split, step, stage, obs[stage], rewards)
+                self._check_finite(split, step, stage, obs[stage], rewards)
                 stats.update(infos)
                 env_steps += rewards.size
                 message = {"obs": obs[stage], "rewards": rewards, "terminations": terminations,
@@ -95,17 +95,18 @@ class EnvWorker(Worker):
         return metrics
 
     def _check_finite(self, split: str, step: int, stage: int, obs: dict[str, Any],
-                      rewards: np.ndarray | None) -> np.ndarray | None:
+                      rewards: np.ndarray | None) -> None:
         """NaN or inf in observations or rewards: with ``env.non_finite: error`` stop, naming this
         env rank, the chunk step and the envs; with ``mask`` set them to 0 (in place) and count
-        the values masked (``<split>/non_finite``)."""
+        the values masked (``<split>/non_finite``; episode figures such as the return are the
+        simulator's, unmasked)."""
         parts = {k: v for k, v in obs.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
         if rewards is not None:
             parts["rewards"] = rewards
         bad = {k: ~np.isfinite(v) for k, v in parts.items()}
         bad = {k: b for k, b in bad.items() if b.any()}
         if not bad:
-            return rewards
+            return
         if self.cfg.env.non_finite == "error":
             per_stage = self.cfg.env[split].total_num_envs // self.world_size // self.stages
             first = (self.rank * self.stages + stage) * per_stage  # global index of this stage's env 0
@@ -117,7 +118,6 @@ class EnvWorker(Worker):
         for key, b in bad.items():
             parts[key][b] = 0
             self.masked[split] = self.masked.get(split, 0) + int(b.sum())
-        return rewards
 
     def episode_state(self) -> dict[str, list[int]]:
         """Per split, the episode number each of this worker's envs starts next, in global env
