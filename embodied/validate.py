@@ -193,6 +193,11 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _writable("runner.logger.log_path", cfg.runner.logger.log_path)
     _writable("runner.logger.log_path (its checkpoints folder)",
               os.path.join(cfg.runner.logger.log_path, "checkpoints"))
+    if cfg.runner.task_type == "embodied":
+        for split in ("train", "eval"):
+            video = cfg.env[split].get("video_cfg")
+            if video and video.save_video:
+                _writable(f"env.{split}.video_cfg.video_base_dir", video.video_base_dir)
     if cfg.runner.only_eval:
         _checkpoint(cfg, "runner.ckpt_path")
     if cfg.runner.resume_dir not in (None, "auto"):

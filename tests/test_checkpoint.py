@@ -106,6 +106,10 @@ def test_unwritable_log_path_is_refused_before_anything_starts(tmp_path, small_m
     with pytest.raises(ConfigError, match=r"runner.logger.log_path = '.*/small/run': expected a writable "
                                           r"folder, but .*/small/run is not writable \(Read-only file system\)"):
         load("maniskill_ppo_mlp", [f"runner.logger.log_path={small_mount / 'run'}"])
+    with pytest.raises(ConfigError, match=r"env.eval.video_cfg.video_base_dir = '.*/small/videos': "
+                                          r"expected a writable folder"):
+        load("maniskill_ppo_mlp", ["env.eval.video_cfg.save_video=true",
+                                   f"env.eval.video_cfg.video_base_dir={small_mount / 'videos'}"])
     done = subprocess.run([sys.executable, "-m", "embodied", "train",
                            f"runner.logger.log_path={small_mount / 'new'}"], capture_output=True, text=True)
     assert done.returncode == 2 and "Read-only file system" in done.stderr.strip().splitlines()[-1]
