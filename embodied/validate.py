@@ -70,7 +70,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "algorithm.n_minibatches": (1, True, None),
     "algorithm.sampling_params.temperature": (0, False, None),
     "algorithm.sampling_params.top_p": (0, False, 1),
-    "algorithm.sampling_params.top_k": (1, True, None),
+    "algorithm.sampling_params.top_k": (-1, True, None),  # -1 (or 0): off
     "rollout.pipeline_stage_num": (1, True, None),
     "runner.max_epochs": (1, True, None),
     "runner.seq_length": (1, True, None),
@@ -114,6 +114,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         path = model.get(key)
         if path is not None and not os.path.exists(path):
             _fail(f"actor.model.{key}", path, "an existing checkpoint folder")
+    _policy_checks(model)
     adv = cfg.algorithm.adv_type
     if adv == "grpo" and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
@@ -130,8 +131,8 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
               f"{actor_ranks} actor rank(s) = {per_step}")
 
-    if cfg.runner.only_eval:
-        _checkpoint(cfg, "runner.ckpt_path")
+    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.model_path is None):
+        _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
     if cfg.runner.task_type == "embodied":
@@ -214,6 +215,18 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
         if component not in plan.components:
             _fail("cluster.component_placement", lines, f"a line that places {component!r}")
     return plan
+
+
+def _policy_checks(model: DictConfig) -> None:
+    """The policy's own checks of its files (``check_config``), when it has any: a checkpoint
+    folder that does not fit the config fails here, before any worker starts."""
+    check = getattr(POLICIES.get(model.model_type), "check_config", None)
+    if check is None:
+        return
+    try:
+        check(OmegaConf.to_container(model, resolve=True))
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        raise ConfigError(str(err).strip("'\"")) from None
 
 
 def _checkpoint(cfg: DictConfig, key: str) -> None:
