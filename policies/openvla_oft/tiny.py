@@ -298,7 +298,7 @@ def main() -> None:
     parser.add_argument("--value-head-out", type=int, default=1, help="value head outputs (chunks for action_level)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    config = tiny_config(image_size=args.image_size)
+    config = tiny_config(image_size=args.image_size, stats=norm_stats(proprio_dim=args.proprio_dim or 8))
     write_tiny_checkpoint(args.out_dir, config=config, proprio_dim=args.proprio_dim, l1_head=args.l1_head,
                           rl_layout=args.rl_layout, value_head_out=args.value_head_out, seed=args.seed)
     print(args.out_dir)
