@@ -366,3 +366,21 @@ def test_7b_config_matches_the_public_names_and_shapes_with_the_l1_head():
     assert head == l1_head_shapes(4096, 7) and len(head) == 16
     assert 150e6 < sum(math.prod(s) for s in head.values()) < 152e6  # "about 151M parameters"
     assert value_head_shapes(4096)["value_head.mlp.0.weight"] == (512, 4096)
+
+
+def test_eval_config_for_the_l1_head_and_exit_code_2(l1_ckpt, plain_ckpt):
+    import subprocess
+    import sys
+
+    cfg, _ = load_config("maniskill_eval_openvla_oft", [f"actor.model.model_path={l1_ckpt}",
+                                                        "actor.model.unnorm_key=tiny_dataset", "runner.only_eval=true"])
+    model = cfg.actor.model
+    assert (model.action_head, model.use_proprio, model.num_images_in_input, model.center_crop) == (
+        "l1_regression", True, 2, True)
+    assert cfg.runner.ckpt_path is None  # eval of the pretrained folder alone
+    done = subprocess.run([sys.executable, "-m", "embodied", "eval", "--config-name", "maniskill_eval_openvla_oft",
+                           f"actor.model.model_path={plain_ckpt}", "actor.model.unnorm_key=tiny_dataset",
+                           "actor.model.use_proprio=false", "--dry-run"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "action_head=l1_regression" in done.stderr and str(plain_ckpt) in done.stderr

@@ -103,7 +103,7 @@ def test_l1_head_checkpoint_evaluates_trains_resumes_and_exports(tmp_path, tiny_
                                      *l1_args(tmp_path, tiny_l1, "pretrained"),
                                      "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"],
                             timeout=600)
-    assert result["episodes"] == 4 and result["tasks"]["PickCube-v1"]["episodes"] == 4
+    assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
     assert f"eval of {tiny_l1}" in done.stdout
     assert sorted(p.name for p in videos.iterdir()) == ["eval_rank0_stage0_0000.mp4", "eval_rank1_stage0_0000.mp4"]
 

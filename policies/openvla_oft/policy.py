@@ -381,6 +381,11 @@ class OpenVLAOFTPolicy(Policy):
             check_keys(expected, {k: tuple(v.shape) for k, v in rl_state.items()}, f"RL tensors {rl_file}")
             return state | rl_state
         folder = path / FULL_MODEL_DIR
+        if (path / ADAPTER_DIR).is_dir() and not folder.exists():
+            raise CheckpointError(
+                f"{path} holds a LoRA run's {ADAPTER_DIR}/ but actor.model.is_lora is false; set is_lora=true "
+                "(and lora_rank as trained)"
+            )
         model, rl_state = checkpoint.load_checkpoint(
             folder, use_proprio=self.options.use_proprio, action_head=self.options.action_head,
             add_value_head=self.options.add_value_head, stop_token=self.options.action_stop_token,
