@@ -6,6 +6,11 @@ FSDP's forward hooks fire) to recompute log-probs with gradients. Log-probs and 
 per token, ``[B, num_action_chunks, action_dim]`` (a token is one action dim: a bin index for
 discretized actions, one coordinate for Gaussian ones); ``reduce_logprobs`` sums them to the
 level of ``algorithm.logprob_type`` / ``entropy_type``.
+
+Checkpoints: the actor calls ``save_checkpoint(folder)`` (every rank; rank 0 writes) and
+``read_checkpoint(folder)`` (a state dict to load, possibly only the trained tensors); a rollout
+worker evaluating a checkpoint loads the same state dict. The default is one ``model.pt``; a
+policy with a published folder layout (OpenVLA-OFT: peft adapters, head files) overrides both.
 """
 
 from __future__ import annotations
