@@ -66,6 +66,21 @@ def median_ms(fn, repeats: int, sync) -> float:
     return statistics.median(times)
 
 
+def paired_median_ms(fns, repeats: int, sync) -> list[float]:
+    """Median ms of each function, timed in turn within every repeat."""
+    for fn in fns:
+        fn()  # warm-up
+    sync()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            sync()
+            out.append(1000 * (time.perf_counter() - start))
+    return [statistics.median(t) for t in times]
+
+
 @torch.no_grad()
 def measure_heads(model: OpenVLAOFT, batch: int, repeats: int, device: torch.device) -> dict:
     """Discrete parallel decoding (argmax over the action rows) vs the L1 head, same forward pass."""
@@ -73,12 +88,20 @@ def measure_heads(model: OpenVLAOFT, batch: int, repeats: int, device: torch.dev
     n = CHUNKS * ACTION_DIM
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     head, greedy = model.action_head, ActionSampler(do_sample=False)
-    model.action_head = None  # the same network without its head decodes tokens
-    discrete = median_ms(lambda: parallel_decode(model, inputs, n, greedy), repeats, sync)
-    discrete_mem = peak_memory(lambda: parallel_decode(model, inputs, n, greedy), device)
-    model.action_head = head
-    l1 = median_ms(lambda: model(inputs, n).actions, repeats, sync)
-    l1_mem = peak_memory(lambda: model(inputs, n).actions, device)
+
+    def discrete_decode():
+        model.action_head = None  # the same network without its head decodes tokens
+        try:
+            return parallel_decode(model, inputs, n, greedy)
+        finally:
+            model.action_head = head
+
+    def l1_decode():
+        return model(inputs, n).actions
+
+    # alternate the two, so that load from other processes weighs on both alike
+    discrete, l1 = paired_median_ms([discrete_decode, l1_decode], repeats, sync)
+    discrete_mem, l1_mem = peak_memory(discrete_decode, device), peak_memory(l1_decode, device)
     row = {"batch": batch, "discrete_ms": round(discrete, 2), "l1_ms": round(l1, 2), "ratio": round(discrete / l1, 2)}
     if device.type == "cuda":
         row |= {"discrete_peak_gib": discrete_mem, "l1_peak_gib": l1_mem}
