@@ -218,10 +218,11 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
 
 
 def _policy_checks(model: DictConfig) -> None:
-    """The policy's own checks of its files (``check_config``), when it has any: a checkpoint
-    folder that does not fit the config fails here, before any worker starts."""
+    """The policy's own checks of its checkpoint folder (``check_config``), when it has any and a
+    ``model_path`` is set: a folder that does not fit the config fails here, before any worker
+    starts."""
     check = getattr(POLICIES.get(model.model_type), "check_config", None)
-    if check is None:
+    if check is None or model.get("model_path") is None:
         return
     try:
         check(OmegaConf.to_container(model, resolve=True))
