@@ -12,14 +12,13 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from embodied.cli import load as load_config
 from embodied.config import ConfigError as EmbodiedConfigError
 from policies import build_policy
-from policies.openvla_oft import OpenVLAOFTPolicy
-from policies.openvla_oft.checkpoint import CheckpointError, default_dtype, from_pretrained, load_checkpoint
-from policies.openvla_oft.config import ConfigError, VLAConfig
+from policies.openvla_oft.checkpoint import CheckpointError, default_dtype, from_pretrained
+from policies.openvla_oft.config import VLAConfig
 from policies.openvla_oft.model import OpenVLAOFT
 from policies.openvla_oft.policy import ValueHead
 from policies.openvla_oft.tiny import (

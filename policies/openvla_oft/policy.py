@@ -26,7 +26,6 @@ checkpoint folder with LoRA merged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
