@@ -57,7 +57,7 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
     return "\n".join(lines + [plan.describe()])
 
 
-def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
+def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=prog, description="Compose a config from config/ with Hydra overrides and run it.")
     parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
@@ -66,6 +66,8 @@ def _parse(argv: Sequence[str] | None, prog: str) -> argparse.Namespace:
                         help="folder holding the configs (default: the project's config/)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved plan and exit without starting anything")
+    if export:
+        parser.add_argument("--out", required=True, help="folder to write the exported checkpoint into")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.optim.lr=1e-4")
     return parser.parse_intermixed_args(argv)
 
@@ -91,6 +93,40 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
         print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
         return 1
     return 0
+
+
+def _export(argv: Sequence[str] | None, prog: str) -> int:
+    args = _parse(argv, prog, export=True)
+    try:
+        cfg, _ = load(args.config_name, ["runner.only_eval=true", *args.overrides], args.config_path)
+    except ConfigError as err:
+        print(f"{prog}: config error: {err}", file=sys.stderr)
+        return 2
+    import json
+    from pathlib import Path
+
+    from embodied import checkpoint
+    from policies import build_policy
+
+    policy = build_policy(cfg.actor.model)
+    if not hasattr(policy, "export_pretrained"):
+        print(f"{prog}: config error: actor.model.model_type={cfg.actor.model.model_type!r} has no "
+              "checkpoint-folder export", file=sys.stderr)
+        return 2
+    source = cfg.actor.model.model_path
+    if cfg.runner.ckpt_path is not None:
+        source = checkpoint.resolve(cfg.runner.ckpt_path, "runner.ckpt_path")
+        # read_checkpoint checks names and shapes; a LoRA checkpoint holds only what trains
+        policy.load_state_dict(policy.read_checkpoint(Path(source) / "actor"), strict=False)
+    policy.export_pretrained(args.out)
+    print(json.dumps({"exported": str(args.out), "from": str(source)}), flush=True)
+    return 0
+
+
+def export(argv: Sequence[str] | None = None) -> None:
+    """A training run's checkpoint (``runner.ckpt_path``) on top of ``actor.model.model_path``,
+    written as one pretrained checkpoint folder (LoRA merged) to ``--out``."""
+    sys.exit(_export(argv, "embodied-export"))
 
 
 def train(argv: Sequence[str] | None = None) -> None:

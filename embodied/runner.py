@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -158,13 +157,18 @@ class Runner:
         return metrics
 
     def evaluate_checkpoint(self) -> dict[str, Any]:
-        """``embodied-eval``: load the checkpoint's weights into the rollout workers and evaluate."""
-        folder = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
-        weights = torch.load(Path(folder) / "actor" / "model.pt", map_location="cpu", weights_only=True)
-        self.rollout.execute("set_weights", weights).wait()
+        """``embodied-eval``: evaluate a training run's checkpoint (``runner.ckpt_path``, loaded
+        into the rollout workers), or without one the pretrained ``actor.model.model_path`` the
+        rollout workers were built from."""
+        if self.cfg.runner.ckpt_path is None:
+            source, step = self.cfg.actor.model.model_path, 0
+        else:
+            source = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
+            self.rollout.execute("load_checkpoint", str(Path(source) / "actor")).wait()
+            step = checkpoint.read_trainer_state(source)["step"]
         metrics = self.evaluate()
-        self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
-        _print_eval(f"eval of {folder} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
+        self.logger.log(metrics, step)
+        _print_eval(f"eval of {source} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
                 "tasks": _per_task(metrics)} | self._totals()
 

@@ -83,7 +83,7 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "algorithm.n_minibatches": (1, True, None),
     "algorithm.sampling_params.temperature": (0, False, None),
     "algorithm.sampling_params.top_p": (0, False, 1),
-    "algorithm.sampling_params.top_k": (1, True, None),
+    "algorithm.sampling_params.top_k": (-1, True, None),  # -1 (or 0): off
     "rollout.pipeline_stage_num": (1, True, None),
     "runner.max_epochs": (1, True, None),
     "runner.seq_length": (1, True, None),
@@ -173,6 +173,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         path = model.get(key)
         if path is not None and not os.path.exists(path):
             _fail(f"actor.model.{key}", path, "an existing checkpoint folder")
+    _policy_checks(model)
     adv = cfg.algorithm.adv_type
     if adv == "grpo" and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
@@ -198,8 +199,8 @@ def validate(cfg: DictConfig) -> PlacementPlan:
             video = cfg.env[split].get("video_cfg")
             if video and video.save_video:
                 _writable(f"env.{split}.video_cfg.video_base_dir", video.video_base_dir)
-    if cfg.runner.only_eval:
-        _checkpoint(cfg, "runner.ckpt_path")
+    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.model_path is None):
+        _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
     if cfg.runner.task_type == "embodied":
@@ -354,6 +355,19 @@ def _writable(key: str, path: str) -> None:
         os.unlink(probe)
     except OSError as err:
         _fail(key, path, f"a writable folder, but {folder} is not writable ({err.strerror})")
+
+
+def _policy_checks(model: DictConfig) -> None:
+    """The policy's own checks of its checkpoint folder (``check_config``), when it has any and a
+    ``model_path`` is set: a folder that does not fit the config fails here, before any worker
+    starts."""
+    check = getattr(POLICIES.get(model.model_type), "check_config", None)
+    if check is None or model.get("model_path") is None:
+        return
+    try:
+        check(OmegaConf.to_container(model, resolve=True))
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        raise ConfigError(str(err).strip("'\"")) from None
 
 
 def _checkpoint(cfg: DictConfig, key: str) -> None:

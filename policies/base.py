@@ -6,6 +6,11 @@ FSDP's forward hooks fire) to recompute log-probs with gradients. Log-probs and 
 per token, ``[B, num_action_chunks, action_dim]`` (a token is one action dim: a bin index for
 discretized actions, one coordinate for Gaussian ones); ``reduce_logprobs`` sums them to the
 level of ``algorithm.logprob_type`` / ``entropy_type``.
+
+Checkpoints: the actor calls ``save_checkpoint(folder)`` (every rank; rank 0 writes) and
+``read_checkpoint(folder)`` (a state dict to load, possibly only the trained tensors); a rollout
+worker evaluating a checkpoint loads the same state dict. The default is one ``model.pt``; a
+policy with a published folder layout (OpenVLA-OFT: peft adapters, head files) overrides both.
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from policies.weights import full_tensor, is_writer
+
 LOGPROB_LEVELS = ("token_level", "action_level", "chunk_level")
 VALUE_TYPES = ("chunk_level", "action_level")
+MODEL_FILE = "model.pt"
 VALUE_HEAD = "value_head"  # attribute name of the critic part, which trains with optim.value_lr
 
 
@@ -88,6 +97,23 @@ class Policy(nn.Module, ABC):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write the training state of the weights into folder ``path`` (here: the full state
+        dict as ``model.pt``; a policy with its own layout overrides this and ``read_checkpoint``).
+        Gathers FSDP2 shards, so every rank must call it; rank 0 writes."""
+        state = {k: full_tensor(v) for k, v in self.state_dict().items()}
+        if is_writer():
+            Path(path).mkdir(parents=True, exist_ok=True)
+            torch.save(state, Path(path) / MODEL_FILE)
+
+    def read_checkpoint(self, path: str | Path) -> dict[str, Tensor]:
+        """What ``save_checkpoint`` wrote, as a state dict of this policy (CPU tensors); a
+        policy that saves only what it trains (LoRA) returns only those tensors."""
+        file = Path(path) / MODEL_FILE
+        if not file.exists():
+            raise FileNotFoundError(f"{file} is missing (expected the weights of a training checkpoint)")
+        return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def split_value_parameters(policy: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:

@@ -21,8 +21,6 @@ from policies.weights import CheckpointError, check_keys, full_tensor, is_writer
 ADAPTER_DIR = "lora_adapter"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# Everything the actor trains and the rollout needs after an update: adapters and value head.
-VALUE_HEAD_PREFIX = "value_head."
 
 
 def apply_lora(model: nn.Module, targets: str | list[str], rank: int, alpha: float,
@@ -59,16 +57,13 @@ def save_adapter(peft_model: PeftModel, path: str | Path) -> None:
     peft_model.save_pretrained(str(path), state_dict=state, is_main_process=is_writer())
 
 
-def _is_synced(name: str) -> bool:
-    return ".lora_" in name or name.startswith(VALUE_HEAD_PREFIX)
-
-
 def adapter_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """LoRA adapters + value head as CPU tensors: the whole weight sync to a rollout copy.
+    """The trainable parameters (LoRA adapters, value head, ...) as CPU tensors: the whole weight
+    sync to a rollout copy, whose base weights are frozen and never change.
 
     Gathers FSDP2-sharded parameters, so every rank must call it.
     """
-    state = {name: full_tensor(p) for name, p in policy.named_parameters() if _is_synced(name)}
+    state = {name: full_tensor(p) for name, p in policy.named_parameters() if p.requires_grad}
     if not any(".lora_" in name for name in state):
         raise ValueError("the policy has no LoRA adapters (actor.model.is_lora is false)")
     return state
@@ -77,7 +72,7 @@ def adapter_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_adapter_state_dict(policy: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy an ``adapter_state_dict`` into ``policy`` (same names and shapes, or an error)."""
-    params = {name: p for name, p in policy.named_parameters() if _is_synced(name)}
+    params = {name: p for name, p in policy.named_parameters() if p.requires_grad}
     check_keys(
         {k: tuple(p.shape) for k, p in params.items()},
         {k: tuple(v.shape) for k, v in state.items()},

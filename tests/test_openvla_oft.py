@@ -64,7 +64,7 @@ def model_cfg(**overrides) -> dict:
 
 
 def tiny_cfg(ckpt, **overrides) -> dict:
-    values = dict(model_path=str(ckpt), unnorm_key="tiny_dataset", precision="fp32", lora_rank=4)
+    values = dict(model_path=str(ckpt), unnorm_key="tiny_dataset", precision="fp32", lora_rank=4, use_proprio=True)
     return model_cfg(**(values | overrides))
 
 
@@ -255,7 +255,7 @@ def test_checkpoint_with_wrong_keys_fails_naming_them(ckpt, tmp_path):
     index["weight_map"]["projector.fc4.weight"] = file
     index_path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError) as err:
-        from_pretrained(bad)
+        from_pretrained(bad, use_proprio=True)
     message = str(err.value)
     assert "missing keys: projector.fc3.bias" in message
     assert "unexpected keys: projector.fc4.weight" in message
@@ -278,12 +278,13 @@ def test_checkpoint_with_wrong_keys_fails_naming_them(ckpt, tmp_path):
 def test_public_names_cover_the_model_exactly(ckpt):
     """The independent list of public tensor names equals the model's own parameters."""
     config = json.loads((ckpt / "config.json").read_text())
-    model = from_pretrained(ckpt)
-    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == public_shapes(config)
+    model = from_pretrained(ckpt, use_proprio=True)
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("proprio_projector.")}
+    assert own == public_shapes(config)
 
 
 def test_vit_features_come_from_the_second_to_last_block(ckpt):
-    model = from_pretrained(ckpt)
+    model = from_pretrained(ckpt, use_proprio=True)
     vit = model.vision_backbone.featurizer  # DINOv2 with a class token and 4 registers
     x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
@@ -461,7 +462,8 @@ def test_lora_targets_trainables_and_adapter_round_trip(ckpt, tmp_path):
     again = reloaded(out.forward_inputs, out.actions)
     assert torch.allclose(again.logprobs, out.logprobs, atol=1e-5)
     assert torch.allclose(again.values, out.values, atol=1e-5)
-    fresh = build_policy(tiny_cfg(tmp_path / "rl", use_proprio=True))  # without the adapter: different
+    shutil.copytree(tmp_path / "rl", tmp_path / "base", ignore=shutil.ignore_patterns("lora_adapter"))
+    fresh = build_policy(tiny_cfg(tmp_path / "base", use_proprio=True))  # without the adapter: different
     assert not torch.allclose(fresh(out.forward_inputs, out.actions).logprobs, out.logprobs, atol=1e-3)
 
     adapter = load_file(str(tmp_path / "rl" / "lora_adapter" / "adapter_model.safetensors"))
@@ -474,7 +476,7 @@ def test_lora_targets_trainables_and_adapter_round_trip(ckpt, tmp_path):
 
 
 def _lora_from(folder, rank: int):
-    vla = from_pretrained(folder)
+    vla = from_pretrained(folder, use_proprio=True, add_value_head=True, lora_path=folder / "lora_adapter")
     return apply_lora(vla, lora_targets(vla), rank, min(rank, 16), folder / "lora_adapter")
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from embodied import checkpoint
 from tests.test_pipeline import embodied, scalars
@@ -36,7 +37,7 @@ def vla_args(out, model_path, name):
 
 
 def lora_weights(step_dir):
-    state = torch.load(step_dir / "actor" / "model.pt", weights_only=True)
+    state = load_file(str(step_dir / "actor" / "lora_adapter" / "adapter_model.safetensors"))
     return {k: v for k, v in state.items() if ".lora_B." in k}
 
 
@@ -55,6 +56,16 @@ def test_ppo_lora_trains_and_the_rollout_acts_with_the_new_adapter(tmp_path, tin
     # first forward (before any step-2 update) reproduces their log-probs only if the rollout
     # received the updated adapters.
     assert scalars(log, "actor/ratio")[2] == pytest.approx(1.0, abs=1e-4)
+    # a LoRA run saves the adapter (peft layout), the value head and the optimizer, not the base
+    assert sorted(p.name for p in (steps[1] / "actor").iterdir()) == [
+        "lora_adapter", "optimizer.pt", "rl_heads.safetensors"]
+
+    # embodied-eval on that run's checkpoint (the rollout workers load the adapter and head)
+    result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
+                                     *vla_args(tmp_path, tiny_vla, "ppo_eval"), f"runner.ckpt_path={log / 'checkpoints'}"],
+                            timeout=600)
+    assert result["episodes"] == 4 and 0.0 <= result["eval_success"] <= 1.0
+    assert f"eval of {steps[1]}" in done.stdout
 
 
 def test_grpo_lora_step_runs(tmp_path, tiny_vla):
@@ -62,3 +73,57 @@ def test_grpo_lora_step_runs(tmp_path, tiny_vla):
     result, _ = embodied("train", ["--config-name", "maniskill_grpo_openvla_oft", *args], timeout=900)
     assert result["env_steps"] == 4 * 16
     assert math.isfinite(scalars(tmp_path / "grpo", "actor/total_loss")[1])
+
+
+@pytest.fixture(scope="module")
+def tiny_l1(tmp_path_factory):
+    """The official OFT layout with the L1-regression head and a proprio projector for the 29
+    state dims of PickCube with the wrist camera robot."""
+    path = tmp_path_factory.mktemp("vla_l1") / "tiny-openvla-oft-l1"
+    subprocess.run([sys.executable, "-m", "policies.openvla_oft.tiny", str(path), "--image-size", "56",
+                    "--l1-head", "--proprio-dim", "29"], check=True, capture_output=True, timeout=300)
+    return path
+
+
+def l1_args(out, model_path, name):
+    return vla_args(out, model_path, name) + [
+        "actor.model.action_head=l1_regression", "actor.model.use_proprio=true",
+        "actor.model.num_images_in_input=2", "actor.model.normalize_gripper=true",
+        "env.train.init_params.robot_uids=panda_wristcam", "env.eval.init_params.robot_uids=panda_wristcam",
+    ]
+
+
+def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_l1):
+    """A released-style OFT checkpoint (L1 head, proprio, agent view + wrist): one PPO step
+    (LoRA on the LLM and the head, a Gaussian around the head's actions), a resumed second step,
+    the run exported as one checkpoint folder, and embodied-eval of that folder from
+    actor.model.model_path alone (greedy, per-task success, videos)."""
+    args = l1_args(tmp_path, tiny_l1, "l1_ppo")
+    embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", *args, "runner.max_epochs=1"], timeout=900)
+    log = tmp_path / "l1_ppo"
+    first = checkpoint.latest(log / "checkpoints")
+    assert sorted(p.name for p in (first / "actor").iterdir()) == ["lora_adapter", "optimizer.pt", "rl_heads.safetensors"]
+    result, done = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", *args, "runner.max_epochs=2",
+                                      f"runner.resume_dir={first}"], timeout=900)
+    assert f"resumed from {first} at step 1" in done.stdout and result["env_steps"] == 2 * 4 * 16
+    assert all(math.isfinite(v) for v in scalars(log, "actor/total_loss").values())
+    second = checkpoint.latest(log / "checkpoints")
+    assert second.name == "global_step_2"
+    a = load_file(str(first / "actor" / "rl_heads.safetensors"))["action_log_std"]
+    b = load_file(str(second / "actor" / "rl_heads.safetensors"))["action_log_std"]
+    assert not torch.equal(a, b)  # the Gaussian's log-std trained
+
+    exported = tmp_path / "exported"
+    out, _ = embodied("export", ["--config-name", "maniskill_ppo_openvla_oft", *l1_args(tmp_path, tiny_l1, "x"),
+                                 f"runner.ckpt_path={second}", "--out", str(exported)], timeout=600)
+    assert out == {"exported": str(exported), "from": str(second)}
+    assert (exported / "action_head--checkpoint.pt").exists() and not (exported / "lora_adapter").exists()
+
+    videos = tmp_path / "videos"
+    result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
+                                     *l1_args(tmp_path, exported, "exported_eval"), "actor.model.is_lora=false",
+                                     "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"],
+                            timeout=600)
+    assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
+    assert f"eval of {exported}" in done.stdout
+    assert sorted(p.name for p in videos.iterdir()) == ["eval_rank0_stage0_0000.mp4", "eval_rank1_stage0_0000.mp4"]

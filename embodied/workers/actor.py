@@ -223,20 +223,21 @@ class ActorWorker(Worker):
                     state[key] = value.to(device)
 
     def save(self, folder: str) -> None:
-        """Model (``torch.load``-able full state dict) and optimizer from rank 0."""
-        model = get_model_state_dict(self.policy, options=FULL)
+        """The policy's weights in its own layout (every rank gathers, rank 0 writes) and the
+        optimizer, under ``folder/actor``."""
+        path = Path(folder) / "actor"
+        self.policy.save_checkpoint(path)
         optim = get_optimizer_state_dict(self.policy, self.optimizer, options=FULL)
         if self.rank == 0:
-            path = Path(folder) / "actor"
             path.mkdir(parents=True, exist_ok=True)
-            torch.save(model, path / "model.pt")
             torch.save(optim, path / "optimizer.pt")
         dist.barrier()
 
     def load(self, folder: str, with_optimizer: bool = True) -> None:
         path = Path(folder) / "actor"
-        model = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        set_model_state_dict(self.policy, model, options=StateDictOptions(full_state_dict=True))
+        # the policy checked the names and shapes; a LoRA checkpoint holds only what trains
+        state = self.policy.read_checkpoint(path)
+        set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True, strict=False))
         if with_optimizer:
             optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
             set_optimizer_state_dict(self.policy, self.optimizer, optim,

@@ -71,6 +71,10 @@ class RolloutWorker(Worker):
         else:
             self.policy.load_state_dict(state_dict)
 
+    def load_checkpoint(self, folder: str) -> None:
+        """Weights of a training checkpoint's ``actor`` folder, in the policy's own layout."""
+        self.set_weights(self.policy.read_checkpoint(folder))
+
     def offload(self) -> None:
         """Free the policy's memory between phases. The next ``set_weights`` brings full weights
         back, so their memory is released outright (meta tensors: shapes only); with LoRA only

@@ -8,7 +8,7 @@ sizes. ``PolicyOptions`` is the ``actor.model`` group of our Hydra config.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -159,6 +159,7 @@ class VLAConfig:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+ACTION_HEADS = ("discrete", "l1_regression")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 
 
@@ -168,6 +169,9 @@ class PolicyOptions:
     (defaults live in config/model/openvla_oft.yaml)."""
 
     model_path: str
+    action_head: str
+    action_stop_token: bool
+    init_log_std: float
     use_proprio: bool
     unnorm_key: str | None
     add_value_head: bool
@@ -178,6 +182,8 @@ class PolicyOptions:
     precision: str
     is_lora: bool
     lora_rank: int
+    lora_alpha: float
+    lora_target_modules: str | tuple[str, ...] | None
     lora_path: str | None
     num_images_in_input: int
     attn_implementation: str
@@ -199,6 +205,8 @@ class PolicyOptions:
         if not values["model_path"]:
             raise ConfigError("actor.model.model_path is required: an OpenVLA(-OFT) checkpoint folder")
         values["value_head_hidden_sizes"] = tuple(int(x) for x in values["value_head_hidden_sizes"])
+        if isinstance(values["lora_target_modules"], Sequence) and not isinstance(values["lora_target_modules"], str):
+            values["lora_target_modules"] = tuple(str(x) for x in values["lora_target_modules"])
         if values["image_size"] is not None:
             values["image_size"] = tuple(int(x) for x in values["image_size"])
         options = cls(**values)
@@ -209,6 +217,8 @@ class PolicyOptions:
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
+        if self.action_head not in ACTION_HEADS:
+            raise bad("action_head", f"one of {list(ACTION_HEADS)}")
         if self.precision not in PRECISIONS:
             raise bad("precision", f"one of {list(PRECISIONS)}")
         if self.attn_implementation not in ATTENTIONS:
@@ -220,7 +230,11 @@ class PolicyOptions:
             raise bad("lora_rank", "a positive integer when is_lora is true")
         if not self.is_lora and self.lora_path:
             raise bad("lora_path", "null when is_lora is false")
+        if self.is_lora and self.lora_alpha <= 0:
+            raise bad("lora_alpha", "a positive number")
+        if not self.is_lora and self.lora_target_modules is not None:
+            raise bad("lora_target_modules", "null when is_lora is false")
         if self.temperature <= 0:
             raise bad("temperature", "a positive number")
-        if self.top_k < 0:
-            raise bad("top_k", "0 (keep all bins) or a positive integer")
+        if self.top_k < -1:
+            raise bad("top_k", "-1 or 0 (off: keep all bins) or a positive integer")

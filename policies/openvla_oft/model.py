@@ -4,11 +4,14 @@ Sequence layout (one row; ``A = num_action_chunks * action_dim``)::
 
     [BOS] [patches of image 1 .. image n] [proprio] [pad ... pad] [prompt ... "Out:" "▁"] [0 x A] [</s>]
 
+(the stop token is absent with ``stop_token=False``, as RL frameworks' OFT variant decodes).
+
 Vision tokens go right after BOS as in Prismatic. Prompts are left-padded in the text part, so
 the patches and the action slots sit at the same offsets in every row; padded keys are masked
 and position ids count real tokens only, so a padded row computes what it would alone. The A
 action slots are zero embeddings (OFT's placeholders); under next-token reading the hidden
-state at "▁" predicts action token 0 and the one at slot i predicts token i + 1. OFT
+state at "▁" predicts action token 0 and the one at slot i predicts token i + 1. The
+L1-regression head reads the same A hidden states ("▁" and slots 0..A-2), as OFT does. OFT
 checkpoints were trained with every token attending to every other (bidirectional), which is
 what ``causal=False`` gives.
 """
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaForCausalLM
 
+from policies.openvla_oft.action_head import L1RegressionHead
 from policies.openvla_oft.action_tokenizer import ActionTokenizer
 from policies.openvla_oft.config import VLAConfig
 from policies.openvla_oft.projector import ProprioProjector, Projector
@@ -41,8 +45,10 @@ class PromptInputs:
 
 @dataclass
 class ActionOutput:
-    logits: torch.Tensor  # [B, A, n_bins] float32 over the action rows of the vocabulary
+    action_hidden: torch.Tensor  # [B, A, H] the hidden states that predict the A action values
     hidden_before_actions: torch.Tensor  # [B, H] hidden state at the token before the first slot
+    logits: torch.Tensor | None = None  # [B, A, n_bins] float32 over the action rows (discrete head)
+    actions: torch.Tensor | None = None  # [B, A / action_dim, action_dim] normalized (L1 head)
 
 
 def position_ids(key_mask: torch.Tensor) -> torch.Tensor:
@@ -76,6 +82,8 @@ class OpenVLAOFT(nn.Module):
         config: VLAConfig,
         *,
         proprio_dim: int | None = None,
+        l1_action_dim: int | None = None,
+        stop_token: bool = True,
         attn_implementation: str = "sdpa",
     ):
         super().__init__()
@@ -88,6 +96,8 @@ class OpenVLAOFT(nn.Module):
         text_config._attn_implementation = attn_implementation
         self.language_model = LlamaForCausalLM(text_config)
         self.proprio_projector = ProprioProjector(proprio_dim, llm_dim) if proprio_dim else None
+        self.action_head = L1RegressionHead(llm_dim, l1_action_dim) if l1_action_dim else None
+        self.stop_token = stop_token
         self.action_tokenizer = ActionTokenizer(config.tokenizer_vocab_size, config.n_action_bins)
         self.stop_token_id = int(config.text_config.eos_token_id)
 
@@ -137,23 +147,34 @@ class OpenVLAOFT(nn.Module):
         return out.last_hidden_state
 
     def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the ``n_bins`` action rows of the LM head only (float32)."""
+        """Logits over the ``n_bins`` action rows of the LM head only (float32).
+
+        A plain head multiplies by its action rows alone; a wrapped one (peft LoRA on
+        ``lm_head``) is called as a module, so its adapter shapes the action logits."""
         first = self.action_tokenizer.first_token_id
-        rows = self.language_model.lm_head.weight[first : first + self.action_tokenizer.n_bins]
-        return F.linear(hidden, rows).float()
+        head = self.language_model.lm_head
+        if type(head) is nn.Linear:
+            return F.linear(hidden, head.weight[first : first + self.action_tokenizer.n_bins]).float()
+        return head(hidden)[..., first : first + self.action_tokenizer.n_bins].float()
 
     def forward(self, inputs: PromptInputs, num_action_tokens: int, causal: bool = False) -> ActionOutput:
-        """One pass over prompt + ``num_action_tokens`` zero slots + stop token (OFT decoding)."""
+        """One pass over prompt + ``num_action_tokens`` zero slots (+ stop token): OFT decoding.
+        The discrete head gives logits, the L1-regression head normalized actions."""
         embeds, mask = self.prompt_embeddings(inputs)
         b, n = embeds.shape[0], num_action_tokens
-        slots = embeds.new_zeros(b, n, embeds.shape[-1])
-        stop = self.language_model.get_input_embeddings()(
-            torch.full((b, 1), self.stop_token_id, dtype=torch.long, device=embeds.device)
-        )
-        full = torch.cat([embeds, slots, stop], dim=1)
-        key_mask = torch.cat([mask, mask.new_ones(b, n + 1)], dim=1)
+        parts = [embeds, embeds.new_zeros(b, n, embeds.shape[-1])]
+        if self.stop_token:
+            parts.append(self.language_model.get_input_embeddings()(
+                torch.full((b, 1), self.stop_token_id, dtype=torch.long, device=embeds.device)
+            ))
+        full = torch.cat(parts, dim=1)
+        key_mask = torch.cat([mask, mask.new_ones(b, full.shape[1] - mask.shape[1])], dim=1)
         hidden = self.language_hidden(full, key_mask, position_ids(key_mask), causal=causal)
-        return ActionOutput(
-            logits=self.action_logits(hidden[:, -n - 2 : -2]),
-            hidden_before_actions=hidden[:, -n - 2],
-        )
+        end = hidden.shape[1] - int(self.stop_token) - 1  # index of the last action slot
+        action_hidden = hidden[:, end - n : end]
+        out = ActionOutput(action_hidden=action_hidden, hidden_before_actions=hidden[:, end - n])
+        if self.action_head is None:
+            out.logits = self.action_logits(action_hidden)
+        else:
+            out.actions = self.action_head(action_hidden).float()
+        return out

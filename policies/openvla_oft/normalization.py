@@ -18,18 +18,18 @@ from policies.openvla_oft.config import ConfigError
 RANGE_EPS = 1e-8
 
 
-def resolve_unnorm_key(norm_stats: Mapping[str, Any], unnorm_key: str | None) -> str:
+def resolve_unnorm_key(norm_stats: Mapping[str, Any], unnorm_key: str | None, source: str = "the checkpoint") -> str:
     """The dataset whose statistics de-normalize actions.
 
     None picks the only dataset; a key missing as such but present with the ``_no_noops``
     suffix (how LIBERO datasets are registered) resolves to the suffixed one.
     """
     if not norm_stats:
-        raise ConfigError("the checkpoint has no norm_stats (config.json) nor dataset_statistics.json")
+        raise ConfigError(f"{source}: no dataset statistics (norm_stats)")
     if unnorm_key is None:
         if len(norm_stats) != 1:
             raise ConfigError(
-                f"actor.model.unnorm_key is null but the checkpoint has statistics for several datasets; "
+                f"actor.model.unnorm_key is null but {source} has statistics for several datasets; "
                 f"expected one of {sorted(norm_stats)}"
             )
         return next(iter(norm_stats))
@@ -37,7 +37,7 @@ def resolve_unnorm_key(norm_stats: Mapping[str, Any], unnorm_key: str | None) ->
         return f"{unnorm_key}_no_noops"
     if unnorm_key not in norm_stats:
         raise ConfigError(
-            f"actor.model.unnorm_key={unnorm_key!r} is not in the checkpoint's norm_stats; "
+            f"actor.model.unnorm_key={unnorm_key!r} is not in {source}; "
             f"expected one of {sorted(norm_stats)}"
         )
     return unnorm_key

@@ -2,12 +2,15 @@
 
 Real checkpoints cannot be downloaded here, so tests, the benchmark and CPU pipeline runs use a
 checkpoint this module writes: a Llama-style tokenizer trained on the spot, a config.json with
-the OpenVLA fields, safetensors shards with an index, dataset_statistics.json and optionally an
-OFT proprio projector file. Tensor names and shapes are spelled out here from the public layout
+the OpenVLA fields, safetensors shards with an index, dataset_statistics.json and, in the official
+OFT layout, optionally the proprio projector and L1-regression head files (``module.``-prefixed,
+as OFT's DDP training saves them); in the RL-framework layout the value head and the proprio
+projector are tensors of the main weights instead. Tensor names and shapes are spelled out here from the public layout
 (timm ViTs, Prismatic projector, Hugging Face Llama), independently of the model classes, so
 loading such a folder checks that the model really addresses the public names.
 
-    python -m policies.openvla_oft.tiny OUT_DIR [--image-size 56] [--proprio-dim 8]
+    python -m policies.openvla_oft.tiny OUT_DIR [--image-size 56] [--proprio-dim 8] [--l1-head]
+        [--rl-layout --value-head-out 1]
 """
 
 from __future__ import annotations
@@ -130,10 +133,38 @@ def public_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def l1_head_shapes(hidden: int, action_dim: int, blocks: int = 2) -> dict[str, tuple[int, ...]]:
+    """The 16 tensors of OFT's L1-regression head (an MLP with residual blocks; names as saved)."""
+    s = {"model.layer_norm1.weight": (hidden * action_dim,), "model.layer_norm1.bias": (hidden * action_dim,),
+         "model.fc1.weight": (hidden, hidden * action_dim), "model.fc1.bias": (hidden,)}
+    for i in range(blocks):
+        b = f"model.mlp_resnet_blocks.{i}.ffn"
+        s |= {f"{b}.0.weight": (hidden,), f"{b}.0.bias": (hidden,),
+              f"{b}.1.weight": (hidden, hidden), f"{b}.1.bias": (hidden,)}
+    s |= {"model.layer_norm2.weight": (hidden,), "model.layer_norm2.bias": (hidden,),
+          "model.fc2.weight": (action_dim, hidden), "model.fc2.bias": (action_dim,)}
+    return s
+
+
+def value_head_shapes(hidden: int, widths: tuple[int, ...] = (512, 128), out_dim: int = 1) -> dict:
+    """An RL framework's value head MLP (``value_head.mlp.{0,2,..}``; the last layer has no bias)."""
+    s, width = {}, hidden
+    for i, w in enumerate(widths):
+        s |= {f"value_head.mlp.{2 * i}.weight": (w, width), f"value_head.mlp.{2 * i}.bias": (w,)}
+        width = w
+    s[f"value_head.mlp.{2 * len(widths)}.weight"] = (out_dim, width)
+    return s
+
+
+def proprio_shapes(hidden: int, proprio_dim: int) -> dict[str, tuple[int, ...]]:
+    return {"fc1.weight": (hidden, proprio_dim), "fc1.bias": (hidden,), "fc2.weight": (hidden, hidden),
+            "fc2.bias": (hidden,)}
+
+
 def random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Weights that keep activations O(1), so logits of a random model are well separated."""
     x = torch.randn(shape, generator=gen)
-    if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
+    if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ffn.0.weight")):
         return 1 + 0.1 * x
     if name.endswith("scale_factor"):
         return 0.5 + 0.1 * x
@@ -211,17 +242,29 @@ def write_tiny_checkpoint(
     *,
     config: dict | None = None,
     proprio_dim: int | None = None,
+    l1_head: bool = False,
+    rl_layout: bool = False,
+    value_head_out: int = 1,
     num_shards: int = 2,
     seed: int = 0,
 ) -> Path:
-    """Write a complete checkpoint folder (weights sharded over ``num_shards`` files)."""
+    """Write a complete checkpoint folder (weights sharded over ``num_shards`` files).
+
+    ``l1_head`` adds ``action_head--*.pt`` (official OFT); ``rl_layout`` puts a value head (with
+    ``value_head_out`` outputs) and the proprio projector into the main weights, as RL frameworks
+    save their OFT models."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = config or tiny_config()
     vocab = config["text_config"]["vocab_size"] - config["pad_to_multiple_of"]
+    llm = config["text_config"]["hidden_size"]
     train_tiny_tokenizer(vocab, seed).save_pretrained(str(path))
     gen = torch.Generator().manual_seed(seed)
     shapes = public_shapes(config)
+    if rl_layout:
+        shapes |= value_head_shapes(llm, out_dim=value_head_out)
+        if proprio_dim:
+            shapes |= {f"proprio_projector.{k}": s for k, s in proprio_shapes(llm, proprio_dim).items()}
     names = sorted(shapes)
     per_shard = math.ceil(len(names) / num_shards)
     weight_map = {}
@@ -234,12 +277,14 @@ def write_tiny_checkpoint(
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "dataset_statistics.json").write_text(json.dumps(config["norm_stats"], indent=2))
-    if proprio_dim:
-        llm = config["text_config"]["hidden_size"]
-        proprio = {"fc1.weight": (llm, proprio_dim), "fc1.bias": (llm,), "fc2.weight": (llm, llm), "fc2.bias": (llm,)}
-        # saved from a DDP-wrapped module, as OFT's training script does
-        state = {f"module.{k}": random_tensor(k, s, gen) for k, s in proprio.items()}
+    # saved from DDP-wrapped modules, as OFT's training script does
+    if proprio_dim and not rl_layout:
+        state = {f"module.{k}": random_tensor(k, s, gen) for k, s in proprio_shapes(llm, proprio_dim).items()}
         torch.save(state, path / "proprio_projector--100_checkpoint.pt")
+    if l1_head:
+        action_dim = len(next(iter(config["norm_stats"].values()))["action"]["q01"])
+        state = {f"module.{k}": random_tensor(k, s, gen) for k, s in l1_head_shapes(llm, action_dim).items()}
+        torch.save(state, path / "action_head--100_checkpoint.pt")
     return path
 
 
@@ -248,10 +293,14 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--image-size", type=int, default=56)
     parser.add_argument("--proprio-dim", type=int, default=None)
+    parser.add_argument("--l1-head", action="store_true", help="add OFT's L1-regression head file")
+    parser.add_argument("--rl-layout", action="store_true", help="value head (and projector) in the main weights")
+    parser.add_argument("--value-head-out", type=int, default=1, help="value head outputs (chunks for action_level)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    config = tiny_config(image_size=args.image_size)
-    write_tiny_checkpoint(args.out_dir, config=config, proprio_dim=args.proprio_dim, seed=args.seed)
+    config = tiny_config(image_size=args.image_size, stats=norm_stats(proprio_dim=args.proprio_dim or 8))
+    write_tiny_checkpoint(args.out_dir, config=config, proprio_dim=args.proprio_dim, l1_head=args.l1_head,
+                          rl_layout=args.rl_layout, value_head_out=args.value_head_out, seed=args.seed)
     print(args.out_dir)
 
 
