@@ -70,6 +70,7 @@ class Runner:
             self.sync_weights()
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
+            self._log_samples(0)
             _print_eval("eval before training", metrics)
             summary["eval_success_before"] = metrics["eval/success_once"]
         with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
@@ -79,6 +80,7 @@ class Runner:
                 if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
                     self.sync_weights()  # evaluate this step's update, as its checkpoint holds it
                     metrics.update(self.evaluate())
+                    self._log_samples(self.step)
                     _print_eval(f"eval at step {self.step}", metrics)
                     summary["eval_success"] = metrics["eval/success_once"]
                 self.logger.log(metrics, self.step)
@@ -158,10 +160,17 @@ class Runner:
         weights = torch.load(Path(folder) / "actor" / "model.pt", map_location="cpu", weights_only=True)
         self.rollout.execute("set_weights", weights).wait()
         metrics = self.evaluate()
-        self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
+        step = checkpoint.read_trainer_state(folder)["step"]
+        self.logger.log(metrics, step)
+        self._log_samples(step)
         _print_eval(f"eval of {folder} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
                 "tasks": _per_task(metrics)} | self._totals()
+
+    def _log_samples(self, step: int) -> None:
+        """Example responses of the last evaluation, from envs that keep them (text envs)."""
+        per_rank = self.env.execute("pop_samples", "eval").wait()
+        self.logger.log_samples("eval", [s for rank in per_rank for s in rank], step)
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
