@@ -103,9 +103,12 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
 
+    import torch
+
     from envs.arithmetic import write_split
     from policies.tiny_lm import warm_start
 
+    torch.set_num_threads(1)  # a tiny model: more threads only contend
     write_split(out / "data")
     warm = warm_start(out / "model", out / "data")
     print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f}", flush=True)
