@@ -33,9 +33,12 @@ def curve(log_dir: Path) -> list[dict[str, float]]:
     accuracy = events.Scalars("eval/success_once")
     train = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in ("train/return", "train/length")}
     start = accuracy[0].wall_time
+    def at(tag: str, step: int) -> float | None:  # the validation before training has no training step
+        value = train[tag].get(step)
+        return None if value is None else round(value, 3)
+
     return [{"time_s": round(e.wall_time - start, 1), "step": e.step, "accuracy": round(e.value, 3),
-             "reward": round(train["train/return"].get(e.step, float("nan")), 3),
-             "response_length": round(train["train/length"].get(e.step, float("nan")), 2)} for e in accuracy]
+             "reward": at("train/return", e.step), "response_length": at("train/length", e.step)} for e in accuracy]
 
 
 def main() -> None:
@@ -71,8 +74,8 @@ def main() -> None:
     rows = curve(out / "run")
     print(f"{'time_s':>8} {'step':>5} {'accuracy':>9} {'reward':>7} {'length':>7}")
     for row in rows:
-        print(f"{row['time_s']:8.1f} {row['step']:5d} {row['accuracy']:9.3f} {row['reward']:7.3f} "
-              f"{row['response_length']:7.2f}")
+        train = "" if row["reward"] is None else f"{row['reward']:7.3f} {row['response_length']:7.2f}"
+        print(f"{row['time_s']:8.1f} {row['step']:5d} {row['accuracy']:9.3f} {train}")
     gain = result["eval_success"] - result["eval_success_before"]
     print(f"held-out greedy accuracy {result['eval_success_before']:.3f} -> {result['eval_success']:.3f} "
           f"({gain:+.3f}) in {result['wall_s']:.0f} s of training", flush=True)

@@ -57,18 +57,6 @@ def reduce_logprobs(logprobs: Tensor, level: str) -> Tensor:
     raise ValueError(f"algorithm.logprob_type must be one of {LOGPROB_LEVELS}, got {level!r}")
 
 
-def reduce_mask(token_mask: Tensor, level: str) -> Tensor:
-    """A per-token mask at the level of ``reduce_logprobs``: an action or chunk counts when any
-    of its tokens does."""
-    if level == "token_level":
-        return token_mask
-    if level == "action_level":
-        return token_mask.any(dim=-1)
-    if level == "chunk_level":
-        return token_mask.flatten(-2).any(dim=-1)
-    raise ValueError(f"algorithm.logprob_type must be one of {LOGPROB_LEVELS}, got {level!r}")
-
-
 def model_option(cfg: Mapping[str, Any], key: str) -> Any:
     """``cfg[key]`` of ``actor.model``, or one clear error naming the missing key."""
     if key not in cfg or cfg[key] is None:

@@ -28,14 +28,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, str]]:
 
 def train_tokenizer(texts: list[str]):
     """A character-level tokenizer (one token per character), trained on ``texts``."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=[PAD, EOS]))
-    from tokenizers import decoders
-
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=PAD,
                                    padding_side="left")
