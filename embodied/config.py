@@ -27,12 +27,14 @@ class ConfigError(ValueError):
 
 
 def register_resolvers() -> None:
-    """Arithmetic resolvers used by the configs (``${subtract:a,b}`` and friends)."""
+    """Arithmetic resolvers used by the configs (``${subtract:a,b}`` and friends), and
+    ``${if_null:a,b}`` (``a`` unless it is null)."""
     resolvers = {
         "subtract": lambda a, b: a - b,
         "multiply": lambda a, b: a * b,
         "int_div": lambda a, b: int(a) // int(b),
         "add": lambda a, b: a + b,
+        "if_null": lambda a, b: b if a is None else a,
     }
     for name, fn in resolvers.items():
         OmegaConf.register_new_resolver(name, fn, replace=True)

@@ -6,6 +6,7 @@ SwanLab and W&B run offline when there is no login, so a run never stops at a pr
 
 from __future__ import annotations
 
+import json
 import netrc
 import os
 from pathlib import Path
@@ -27,6 +28,10 @@ class TensorBoardBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -67,7 +72,7 @@ class MetricLogger:
     """Fans one ``log(metrics, step)`` call out to every configured backend."""
 
     def __init__(self, logger_cfg: Any, config: dict[str, Any] | None = None):
-        log_dir = Path(logger_cfg.log_path)
+        self.log_dir = log_dir = Path(logger_cfg.log_path)
         log_dir.mkdir(parents=True, exist_ok=True)
         config = config or {}
         project, name = logger_cfg.project_name, logger_cfg.experiment_name
@@ -86,6 +91,20 @@ class MetricLogger:
         scalars = {k: float(v) for k, v in metrics.items()}
         for backend in self.backends:
             backend.log(scalars, step)
+
+    def log_samples(self, split: str, samples: list[dict[str, Any]], step: int) -> None:
+        """Example responses (text envs): one JSON line each in ``<log_path>/samples.jsonl``, and
+        a markdown table as TensorBoard text ``<split>/samples``."""
+        if not samples:
+            return
+        with open(self.log_dir / "samples.jsonl", "a") as f:
+            f.writelines(json.dumps({"step": step, "split": split, **s}) + "\n" for s in samples)
+        rows = ["| " + " | ".join(str(s[k]).replace("|", "\\|").replace("\n", " ") for k in samples[0]) + " |"
+                for s in samples]
+        table = "\n".join(["| " + " | ".join(samples[0]) + " |", "|" + "---|" * len(samples[0]), *rows])
+        for backend in self.backends:
+            if hasattr(backend, "log_text"):
+                backend.log_text(f"{split}/samples", table, step)
 
     def close(self) -> None:
         for backend in self.backends:

@@ -74,6 +74,7 @@ class Runner:
             self.sync_weights()
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
+            self._log_samples(0)
             _print_eval("eval before training", metrics)
             summary["eval_success_before"] = metrics["eval/success_once"]
         with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
@@ -83,6 +84,7 @@ class Runner:
                 if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
                     self.sync_weights()  # evaluate this step's update, as its checkpoint holds it
                     metrics.update(self.evaluate())
+                    self._log_samples(self.step)
                     _print_eval(f"eval at step {self.step}", metrics)
                     summary["eval_success"] = metrics["eval/success_once"]
                 self.logger.log(metrics, self.step)
@@ -168,9 +170,15 @@ class Runner:
             step = checkpoint.read_trainer_state(source)["step"]
         metrics = self.evaluate()
         self.logger.log(metrics, step)
+        self._log_samples(step)
         _print_eval(f"eval of {source} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
                 "tasks": _per_task(metrics)} | self._totals()
+
+    def _log_samples(self, step: int) -> None:
+        """Example responses of the last evaluation, from envs that keep them (text envs)."""
+        per_rank = self.env.execute("pop_samples", "eval").wait()
+        self.logger.log_samples("eval", [s for rank in per_rank for s in rank], step)
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:

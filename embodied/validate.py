@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from embodied import checkpoint
+from embodied.algorithms.losses import LOSS_AGG_FUNCS
 from embodied.config import CONFIG_DIR, ConfigError
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from embodied.training_options import DTYPES, OPTIMIZERS
@@ -27,7 +28,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.adv_type": ("gae", "grpo"),
     "algorithm.bootstrap_at_done": ("truncated", "always"),
     "algorithm.loss_type": ("ppo",),
-    "algorithm.loss_agg_func": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "algorithm.loss_agg_func": LOSS_AGG_FUNCS,
+    "data.type": ("math",),
+    "reward.reward_type": ("math",),
+    "actor.tokenizer.tokenizer_type": ("HuggingFaceTokenizer",),
     "algorithm.kl_penalty": KL_ESTIMATORS,
     "algorithm.kl_penalty_type": KL_ESTIMATORS,
     "algorithm.reward_type": ("chunk_level", "action_level"),
@@ -89,12 +93,17 @@ RANGES: dict[str, tuple[float, bool, float | None]] = {
     "runner.seq_length": (1, True, None),
     "data.max_prompt_length": (1, True, None),
     "data.rollout_batch_size": (1, True, None),
+    "data.val_rollout_batch_size": (1, True, None),
+    "algorithm.logprob_forward_micro_batch_size": (1, True, None),
+    "algorithm.sampling_params.repetition_penalty": (0, False, None),
+    "algorithm.sampling_params.min_new_tokens": (0, True, None),
+    "reward.reward_scale": (0, False, None),
     "actor.model.num_action_chunks": (1, True, None),
     "actor.model.action_dim": (1, True, None),
 }
 NULLABLE = {
     "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
-    "algorithm.value_clip", "algorithm.target_kl",
+    "algorithm.value_clip", "algorithm.target_kl", "data.val_rollout_batch_size",
 }
 MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
 FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
@@ -159,6 +168,8 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         if backend not in LOGGER_BACKENDS:
             _fail("runner.logger.logger_backends", backends, f"backends among {list(LOGGER_BACKENDS)}")
 
+    if cfg.rollout.backend != "huggingface":
+        _generation_engine(cfg.rollout.backend)
     if cfg.data.max_prompt_length >= cfg.runner.seq_length:
         _fail("data.max_prompt_length", cfg.data.max_prompt_length,
               f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
@@ -203,12 +214,53 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
-    if cfg.runner.task_type == "embodied":
-        _validate_embodied(cfg, plan)
+    _validate_envs(cfg, plan)
+    if "text" in (cfg.env.train.env_type, cfg.env.eval.env_type):
+        _validate_text(cfg)
     return plan
 
 
-def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
+def _generation_engine(backend: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(backend) is None:
+        _fail("rollout.backend", backend, f"huggingface: the {backend} engine is not installed "
+              "(it needs CUDA); generation runs on Hugging Face generate")
+    _fail("rollout.backend", backend, f"huggingface: no {backend} adapter exists yet "
+          "(generation runs on Hugging Face generate)")
+
+
+def _validate_text(cfg: DictConfig) -> None:
+    """Text envs (math): the causal LM, its tokenizer and the prompt sets, read once here so that
+    a missing folder, a malformed line or a missing key fails before any worker starts."""
+    from envs.text import DataError, load_prompts, load_tokenizer
+
+    model, tokenizer = cfg.actor.model, cfg.actor.tokenizer
+    if model.model_type != "causal_lm":
+        _fail("actor.model.model_type", model.model_type, "causal_lm with a text env")
+    if model.model_path is None or not os.path.isfile(os.path.join(model.model_path, "config.json")):
+        _fail("actor.model.model_path", model.model_path, "a Hugging Face model folder (with config.json)")
+    if tokenizer.padding_side != "left":
+        _fail("actor.tokenizer.padding_side", tokenizer.padding_side,
+              "left: prompts are left-padded for batched generation")
+    if tokenizer.extra_vocab_size:
+        _fail("actor.tokenizer.extra_vocab_size", tokenizer.extra_vocab_size, "0 for causal_lm")
+    train = cfg.env.train
+    if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
+        _fail("env.train.total_num_envs", train.total_num_envs,
+              f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
+    try:
+        tok = load_tokenizer(train.init_params)
+        for split in ("train", "eval"):
+            if cfg.env[split].env_type == "text":
+                load_prompts(cfg.env[split].init_params, tok)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+
+
+
+def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
+    """What every task shares (robots and text): env splits, groups and batch arithmetic."""
     chunks = cfg.actor.model.num_action_chunks
     env_ranks = plan.world_size("env")
     stages = cfg.rollout.pipeline_stage_num
@@ -333,8 +385,7 @@ def _placement(cfg: DictConfig) -> PlacementPlan:
         plan = plan_placement(lines, cfg.cluster.num_nodes, per_node, accelerator)
     except PlacementError as err:
         raise ConfigError(str(err)) from None
-    needed = ("actor", "rollout", "env") if cfg.runner.task_type == "embodied" else ("actor", "rollout")
-    for component in needed:
+    for component in ("actor", "rollout", "env"):
         if component not in plan.components:
             _fail("cluster.component_placement", lines, f"a line that places {component!r}")
     return plan

@@ -4,4 +4,5 @@ from embodied.registry import Registry
 
 ENVS = Registry("env type", "env.*.env_type", {
     "maniskill": "envs.maniskill:ManiSkillVectorEnv",
+    "text": "envs.text:TextEnv",
 })

@@ -14,6 +14,7 @@ POLICIES = Registry("model type", "actor.model.model_type", {
     "mlp": "policies.mlp:MLPPolicy",
     "cnn": "policies.cnn:CNNPolicy",
     "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
+    "causal_lm": "policies.causal_lm:CausalLMPolicy",
 })
 
 

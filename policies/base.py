@@ -4,8 +4,13 @@ Rollout calls ``act(obs)`` under no_grad and stores its ``forward_inputs`` and `
 training calls ``evaluate(forward_inputs, actions)`` (also reachable as ``policy(...)``, so
 FSDP's forward hooks fire) to recompute log-probs with gradients. Log-probs and entropies come
 per token, ``[B, num_action_chunks, action_dim]`` (a token is one action dim: a bin index for
-discretized actions, one coordinate for Gaussian ones); ``reduce_logprobs`` sums them to the
-level of ``algorithm.logprob_type`` / ``entropy_type``.
+discretized actions, one coordinate for Gaussian ones, one generated token of a text response);
+``reduce_logprobs`` sums them to the level of ``algorithm.logprob_type`` / ``entropy_type``.
+
+Variable-length actions: a text response is ``action_dim = max_new_tokens`` token ids padded
+after EOS, and ``ActOutput.token_mask`` (``[B, C, action_dim]`` bool) marks the tokens that were
+really generated. Fixed-size policies leave it ``None``: every token counts. Masked tokens carry
+log-prob 0, and the actor leaves them out of every loss term.
 
 Checkpoints: the actor calls ``save_checkpoint(folder)`` (every rank; rank 0 writes) and
 ``read_checkpoint(folder)`` (a state dict to load, possibly only the trained tensors); a rollout
@@ -34,10 +39,11 @@ VALUE_HEAD = "value_head"  # attribute name of the critic part, which trains wit
 
 @dataclass
 class ActOutput:
-    actions: Tensor  # [B, C, action_dim] float32: what the env executes
+    actions: Tensor  # [B, C, action_dim] what the env executes: float32, or int64 token ids for text
     logprobs: Tensor  # [B, C, action_dim] per-token log-probs of those actions
     values: Tensor | None  # [B] (value_type chunk_level) or [B, C] (action_level); None without critic
     forward_inputs: dict[str, Tensor]  # everything evaluate() needs besides the actions
+    token_mask: Tensor | None = None  # [B, C, action_dim] bool: generated tokens; None = all
 
 
 @dataclass

@@ -9,6 +9,8 @@ weight sync after an update sends only the adapters and the value head.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -80,3 +82,14 @@ def load_adapter_state_dict(policy: nn.Module, state: dict[str, torch.Tensor]) -
     )
     for name, p in params.items():
         p.copy_(state[name])
+
+
+@contextmanager
+def adapters_disabled(policy: nn.Module) -> Iterator[None]:
+    """Inside, ``policy`` computes as its frozen base model: the KL reference of a LoRA run,
+    with no second copy of the weights."""
+    with ExitStack() as stack:
+        for module in policy.modules():
+            if isinstance(module, PeftModel):
+                stack.enter_context(module.disable_adapter())
+        yield

@@ -1,4 +1,6 @@
-"""Suite-wide checks: no test may leave the project's shared-memory segments behind in /dev/shm.
+"""Suite-wide checks and shared fixtures.
+
+No test may leave the project's shared-memory segments behind in /dev/shm.
 
 The project names every segment it makes ``embch.<host>.<creator pid>.*`` (channels, env
 observation blocks). One counts as left behind when it appeared during the test and, a few
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +65,24 @@ def no_shared_memory_left_behind():
     left = leaked_segments(before)
     if left:
         pytest.fail(f"the test left shared-memory segments in {SHM}: {left}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_math(tmp_path_factory) -> dict[str, Path]:
+    """The arithmetic prompt set and a warm-started tiny causal LM, made once per test session
+    (about 15 s) for the math tests: ``{"data": folder with train.jsonl / test.jsonl, "model":
+    HF checkpoint folder, "accuracy": its held-out greedy accuracy}``."""
+    import torch
+
+    from envs.arithmetic import write_split
+    from policies.tiny_lm import warm_start
+
+    root = tmp_path_factory.mktemp("math")
+    write_split(root / "data")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = warm_start(root / "model", root / "data")
+    finally:
+        torch.set_num_threads(threads)
+    return {"data": root / "data", "model": root / "model", "accuracy": result["accuracy"]}

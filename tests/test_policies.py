@@ -135,7 +135,7 @@ def test_value_parameters_are_the_critic():
 @pytest.mark.parametrize(
     "overrides, error, match",
     [
-        ({"model_type": "transformer"}, KeyError, "expected one of \\['cnn', 'mlp', 'openvla_oft'\\]"),
+        ({"model_type": "transformer"}, KeyError, "expected one of \\['causal_lm', 'cnn', 'mlp', 'openvla_oft'\\]"),
         ({"action_distribution": "beta"}, ValueError, "actor.model.action_distribution"),
         ({"action_distribution": "bins", "n_action_bins": 1}, ValueError, "actor.model.n_action_bins"),
         ({"value_type": "token_level"}, ValueError, "actor.model.value_type"),

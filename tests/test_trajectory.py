@@ -8,7 +8,8 @@ from embodied.algorithms.trajectory import training_samples
 
 ALGO = dict(reward_type="chunk_level", logprob_type="action_level", adv_type="gae", gamma=0.5,
             gae_lambda=1.0, use_kl_in_reward=True, kl_beta=0.0, kl_penalty="kl",
-            filter_rewards=False, group_size=2, bootstrap_at_done="truncated")
+            filter_rewards=False, group_size=2, bootstrap_at_done="truncated",
+            norm_adv_by_std_in_grpo=True)
 
 
 def _traj(rewards, terminations=None, values=None, chunks=1, action_dim=2):

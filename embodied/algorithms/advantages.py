@@ -68,8 +68,10 @@ def episode_returns(rewards: Tensor, dones: Tensor) -> Tensor:
     return (rewards * first_episode_mask(dones)).sum(dim=0)
 
 
-def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
-    """Group-normalized advantages ``(score - group mean) / (group std + eps)``, ``[B]``.
+def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True) -> Tensor:
+    """Group-normalized advantages ``(score - group mean) / (group std + eps)``, ``[B]``; with
+    ``normalize_std=False`` only the mean is subtracted (Dr. GRPO: dividing by the std weighs
+    nearly-solved and nearly-failed prompts more).
 
     Envs ``[g * group_size, (g + 1) * group_size)`` form group ``g`` and started from the same
     reset state, so the group mean is a baseline for that state. The std is the unbiased sample
@@ -81,6 +83,8 @@ def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tenso
         raise ValueError(f"number of envs {scores.shape[0]} is not a multiple of group_size {group_size}")
     groups = scores.reshape(-1, group_size).to(torch.float32)
     mean = groups.mean(dim=1, keepdim=True)
+    if not normalize_std:
+        return (groups - mean).reshape(-1)
     std = groups.std(dim=1, keepdim=True)
     return ((groups - mean) / (std + eps)).reshape(-1)
 

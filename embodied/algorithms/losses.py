@@ -17,7 +17,9 @@ from torch import Tensor
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.levels import expand_like
 
-LOSS_AGG_FUNCS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGG_FUNCS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
+MAX_LOG_RATIO = 20.0
 
 
 def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Tensor:
@@ -26,7 +28,11 @@ def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Ten
     - ``token-mean``: mean over all valid tokens (every token weighs the same);
     - ``seq-mean-token-sum``: sum each sample's valid tokens, mean over samples;
     - ``seq-mean-token-mean``: mean each sample's valid tokens, mean over samples (every
-      sample weighs the same, whatever its length).
+      sample weighs the same, whatever its length);
+    - ``seq-mean-token-sum-norm``: sum each sample's valid tokens, divided by the number of
+      token slots per sample (the response horizon, a constant), mean over samples: Dr. GRPO's
+      length-unbiased normalization (veRL's ``agg_loss`` sums over the batch instead of
+      averaging, which differs by the constant batch size).
 
     Samples without a valid token are left out of the sample mean; an all-masked batch gives 0
     (still attached to the graph, so distributed backward passes stay in step).
@@ -36,6 +42,8 @@ def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Ten
     mask = torch.ones_like(loss) if mask is None else mask.to(loss.dtype)
     if loss_agg_func == "token-mean":
         return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_agg_func == "seq-mean-token-sum-norm":
+        return (loss * mask).sum() / (loss[0].numel() * loss.shape[0])
     per_sample = (loss * mask).reshape(loss.shape[0], -1).sum(dim=1)
     tokens = mask.reshape(loss.shape[0], -1).sum(dim=1)
     if loss_agg_func == "seq-mean-token-mean":
@@ -61,14 +69,14 @@ def ppo_policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate loss of PPO, all inputs of one shape.
 
-    ``ratio = pi / pi_old``; the loss is ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``,
+    ``ratio = pi / pi_old`` (the log-ratio clamped to +-20 first, as veRL does); the loss is ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``,
     i.e. the pessimistic side of the clipped objective. Dual clip (``clip_ratio_c``, > 1) also
     bounds the loss of negative advantages by ``-A * c``: without it a sample whose ratio has
     grown far past 1 while its advantage is negative gives an unbounded loss and gradient.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"algorithm.clip_ratio_c must be > 1 (or null to disable dual clip), got {clip_ratio_c}")
-    log_ratio = logprobs - old_logprobs
+    log_ratio = (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
 
     unclipped = -advantages * ratio
@@ -131,6 +139,7 @@ def actor_critic_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor | None,
+    token_mask: Tensor | None = None,
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float | None,
@@ -153,20 +162,22 @@ def actor_critic_loss(
     ``logprobs`` / ``old_logprobs`` / ``entropy`` / ``ref_logprobs`` are at the log-prob level
     (``[N]``, ``[N, C]`` or ``[N, C, action_dim]``); ``advantages``, ``mask``, ``values``,
     ``old_values`` and ``returns`` are per sample at the reward level (``[N]`` or ``[N, C]``)
-    and are broadcast over the finer log-prob dims. Pass ``values=None`` for critic-free
-    GRPO and ``ref_logprobs=None`` for no KL term.
+    and are broadcast over the finer log-prob dims. ``token_mask`` (per token, ``[N, C, A]``,
+    None = all valid) drops tokens that were never generated (padding of variable-length
+    actions) from every term. Pass ``values=None`` for critic-free GRPO and
+    ``ref_logprobs=None`` for no KL term.
 
     ``early_stop_imp_ratio``: when the mean importance ratio of the micro-batch exceeds it, the
     policy has drifted so far from the one that collected the data that the batch is abandoned:
     the loss is multiplied by 0 (not skipped, so data-parallel ranks still run the same
     backward and gradient all-reduce) and ``actor/early_stopped`` reports 1.
     """
-    token_mask = None if mask is None else expand_like(mask, logprobs)
+    loss_mask = _loss_mask(mask, token_mask, logprobs)
     loss, metrics = ppo_policy_loss(
         logprobs,
         old_logprobs,
         expand_like(advantages, logprobs),
-        token_mask,
+        loss_mask,
         clip_ratio_low=clip_ratio_low,
         clip_ratio_high=clip_ratio_high,
         clip_ratio_c=clip_ratio_c,
@@ -177,12 +188,12 @@ def actor_critic_loss(
         loss = loss + value_loss_coef * critic_loss
         metrics.update(critic_metrics)
     if entropy is not None:
-        entropy_mask = None if mask is None else expand_like(mask, entropy)
+        entropy_mask = _loss_mask(mask, token_mask, entropy)
         mean_entropy = aggregate_loss(entropy, entropy_mask, loss_agg_func)
         loss = loss - entropy_bonus * mean_entropy
         metrics["actor/entropy"] = mean_entropy.detach()
     if ref_logprobs is not None:
-        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, kl_penalty_type), token_mask, loss_agg_func)
+        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, kl_penalty_type), loss_mask, loss_agg_func)
         loss = loss + kl_beta * kl
         metrics["actor/kl"] = kl.detach()
 
@@ -192,6 +203,17 @@ def actor_critic_loss(
     metrics["actor/early_stopped"] = torch.tensor(float(stop), device=loss.device)
     metrics["actor/total_loss"] = loss.detach()
     return loss, metrics
+
+
+def _loss_mask(mask: Tensor | None, token_mask: Tensor | None, target: Tensor) -> Tensor | None:
+    """The per-sample ``mask`` broadcast over ``target``'s dims, and-ed with ``token_mask`` brought
+    to ``target``'s level (a log-prob or entropy summed over tokens counts if any token does)."""
+    out = None if mask is None else expand_like(mask, target).bool()
+    if token_mask is not None:
+        while token_mask.dim() > target.dim():
+            token_mask = token_mask.any(dim=-1)
+        out = token_mask.bool() if out is None else out & token_mask.bool()
+    return out
 
 
 _LOSS_KEYS = (

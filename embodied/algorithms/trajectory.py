@@ -1,7 +1,8 @@
 """From a rollout's time-major trajectory to flat training samples with advantages.
 
 A trajectory holds ``T`` chunk steps of ``B`` envs: ``forward_inputs`` (dict of ``[T, B, ...]``),
-``actions`` / ``logprobs`` ``[T, B, C, A]``, env signals ``rewards`` / ``terminations`` /
+``actions`` / ``logprobs`` / ``token_mask`` ``[T, B, C, A]`` (the mask marks generated tokens of
+variable-length actions; all true for fixed-size ones), env signals ``rewards`` / ``terminations`` /
 ``truncations`` ``[T, B, C]``, and with a critic ``values`` ``[T + 1, B(, C)]`` and
 ``final_values`` ``[T, B]`` (value of the observation an episode ended on, for truncation).
 """
@@ -76,7 +77,8 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
         scores = episode_returns(rewards, dones)
         if algo["filter_rewards"]:
             mask = mask & nonuniform_group_mask(scores, algo["group_size"])
-        advantages = grpo_advantages(scores, algo["group_size"]).expand_as(rewards) * mask
+        advantages = grpo_advantages(scores, algo["group_size"], normalize_std=algo["norm_adv_by_std_in_grpo"])
+        advantages = advantages.expand_as(rewards) * mask
     else:
         raise ValueError(f"algorithm.adv_type must be gae or grpo, got {algo['adv_type']!r}")
 
@@ -84,6 +86,8 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
     out["mask"] = _flat(steps_to_chunks(mask, chunks, reward_type))
     out["actions"] = _flat(traj["actions"])
     out["old_logprobs"] = reduce_logprobs(_flat(traj["logprobs"]), level)
+    tokens = traj.get("token_mask")
+    out["token_mask"] = _flat(torch.ones_like(traj["logprobs"], dtype=torch.bool) if tokens is None else tokens)
     out["forward_inputs"] = {k: _flat(v) for k, v in traj["forward_inputs"].items()}
     if ref_logprobs is not None and not kl_in_reward:
         out["ref_logprobs"] = reduce_logprobs(_flat(ref_logprobs), level)

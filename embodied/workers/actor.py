@@ -1,5 +1,10 @@
 """Actor: the policy under FSDP2 (gloo on CPU, NCCL on GPU), trained with PPO or GRPO on the
-trajectories the rollout workers send through the replay channel."""
+trajectories the rollout workers send through the replay channel.
+
+With ``rollout.recompute_logprobs`` the old log-probs of the ratio are recomputed here, by the
+weights that generated the rollout (the actor's, synced before it), instead of taken from the
+rollout engine. The KL reference (``algorithm.kl_beta > 0``) is a frozen copy of the initial
+policy, or with LoRA the same model with its adapters disabled."""
 
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ class ActorWorker(Worker):
         torch.manual_seed(cfg.actor.seed)  # identical initial weights on every rank
         policy = build_policy(cfg.actor.model).to(self.torch_device)
         self.reference = None
-        if self.algo.kl_beta > 0:
+        if self.algo.kl_beta > 0 and not cfg.actor.model.is_lora:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
         if cfg.actor.model.gradient_checkpointing and isinstance(policy, SmallActorCritic):
             checkpoint_trunks(policy)  # (OpenVLA-OFT checkpoints its own layers)
@@ -152,21 +157,38 @@ class ActorWorker(Worker):
     def _samples(self, traj: dict[str, Any]) -> dict[str, Any]:
         # channel payloads are numpy views of shared memory: copy into tensors the actor owns
         traj = tree_map(lambda x: torch.as_tensor(x).to(self.torch_device, copy=True), traj)
+        if self.cfg.rollout.recompute_logprobs:
+            traj["logprobs"] = self._logprobs(self.policy, traj)
         ref = None
-        if self.reference is not None:
-            ref = self._reference_logprobs(traj)
+        if self.algo.kl_beta > 0:
+            if self.reference is not None:
+                ref = self._logprobs(self.reference, traj)
+            else:
+                from policies.lora import adapters_disabled
+
+                with adapters_disabled(self.policy):
+                    ref = self._logprobs(self.policy, traj)
         return training_samples(traj, self.algo, ref)
 
     @torch.no_grad()
-    def _reference_logprobs(self, traj: dict[str, Any]) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, traj: dict[str, Any]) -> torch.Tensor:
+        """Per-token log-probs of the trajectory's actions under ``model``, in forward passes of
+        ``algorithm.logprob_forward_micro_batch_size`` samples."""
         steps, envs = traj["actions"].shape[:2]
         flat = {k: v.flatten(0, 1) for k, v in traj["forward_inputs"].items()}
-        out = self.reference.evaluate(flat, traj["actions"].flatten(0, 1))
-        return out.logprobs.reshape(steps, envs, *out.logprobs.shape[1:])
+        actions = traj["actions"].flatten(0, 1)
+        size = self.algo.logprob_forward_micro_batch_size
+        model.eval()
+        parts = [model({k: v[i:i + size] for k, v in flat.items()}, actions[i:i + size]).logprobs
+                 for i in range(0, actions.shape[0], size)]
+        logprobs = torch.cat(parts)
+        return logprobs.reshape(steps, envs, *logprobs.shape[1:])
 
     def _normalize(self, batch: dict[str, Any]) -> None:
-        """Advantage normalization over the whole global batch (all ranks), valid samples only."""
-        if not self.algo.normalize_advantages:
+        """GAE advantage normalization over the whole global batch (all ranks), valid samples
+        only. GRPO's advantages are already normalized within their groups: whitening them
+        again over the batch would rescale every group by the batch's spread."""
+        if not self.algo.normalize_advantages or self.algo.adv_type == "grpo":
             return
         adv, mask = batch["advantages"], batch["mask"].float()
         stats = torch.stack([(adv * mask).sum(), (adv * adv * mask).sum(), mask.sum()]).double()
@@ -185,7 +207,7 @@ class ActorWorker(Worker):
             entropy = reduce_logprobs(out.entropy.float(), self.algo.entropy_type)
         return actor_critic_loss(
             logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb["old_logprobs"],
-            advantages=mb["advantages"], mask=mb["mask"], entropy=entropy,
+            advantages=mb["advantages"], mask=mb["mask"], token_mask=mb["token_mask"], entropy=entropy,
             values=out.values.float() if "returns" in mb else None, old_values=mb.get("old_values"),
             returns=mb.get("returns"), ref_logprobs=mb.get("ref_logprobs"), **self.loss_args,
         )

@@ -88,11 +88,17 @@ class EnvWorker(Worker):
         if self.cfg.env[split].video_cfg.save_video:
             for env in envs:  # one finished file per call: workers are killed, not closed, at the end
                 env.flush()
+        episodes = stats.num_episodes
         metrics = stats.pop(prefix=f"{split}/")
         metrics[f"{split}/env_steps"] = float(env_steps)
         if self.cfg.env.non_finite == "mask":
             metrics[f"{split}/non_finite"] = float(self.masked.pop(split, 0))
+        metrics.update(_env_metrics(envs, split, episodes))
         return metrics
+
+    def pop_samples(self, split: str) -> list[dict[str, Any]]:
+        """Examples of the last ``interact`` (text envs: prompt, response, answer, reward)."""
+        return [s for env in self.envs.get(split, []) if hasattr(env, "pop_samples") for s in env.pop_samples()]
 
     def _check_finite(self, split: str, step: int, stage: int, obs: dict[str, Any],
                       rewards: np.ndarray | None) -> None:
@@ -150,6 +156,16 @@ class EnvWorker(Worker):
         """Simulators are rebuilt on the next ``interact``; episodes in flight are dropped."""
         self.close()
         self.last_obs.clear()
+
+
+def _env_metrics(envs: list[Any], split: str, episodes: int) -> dict[str, float]:
+    """An env's own counters (``pop_metrics``, e.g. the text env's unparsable responses), as
+    fractions of this call's episodes; ``prompts_filtered`` stays a count."""
+    totals: dict[str, float] = {}
+    for env in envs:
+        for key, value in (env.pop_metrics() if hasattr(env, "pop_metrics") else {}).items():
+            totals[key] = value if key == "prompts_filtered" else totals.get(key, 0.0) + value
+    return {f"{split}/{k}": v if k == "prompts_filtered" else v / max(episodes, 1) for k, v in totals.items()}
 
 
 def _next_episodes(envs: list[Any]) -> np.ndarray:

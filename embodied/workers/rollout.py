@@ -119,6 +119,8 @@ class RolloutWorker(Worker):
                 if train:
                     record["actions"].append(out.actions)
                     record["logprobs"].append(out.logprobs)
+                    record["token_mask"].append(torch.ones_like(out.logprobs, dtype=torch.bool)
+                                                if out.token_mask is None else out.token_mask)
                     record["forward_inputs"].append(out.forward_inputs)
                     if out.values is not None:
                         record["values"].append(out.values)

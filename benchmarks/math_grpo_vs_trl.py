@@ -1,0 +1,128 @@
+"""Math GRPO side by side with TRL's ``GRPOTrainer``, in one run: the same warm-started tiny
+Llama-shaped model and tokenizer, the same arithmetic prompts, group size, batch (prompts x
+group responses, one optimizer step of all of them per training step), max_new_tokens,
+learning rate (constant), Adam settings, loss (token mean, no KL), reward (the same math-verify
+scorer, +1 / -1) and number of steps. Prints the median step time of each and their ratio, and
+the held-out greedy accuracy of each after the same steps.
+
+    python benchmarks/math_grpo_vs_trl.py [--out results/math_vs_trl] [--steps 60]
+
+TRL is a benchmarks-only extra (``pip install -e .[trl]``). Both sides use the 2 CPU cores: TRL
+in one process with 2 torch threads, ours as its env, rollout and actor workers on 2 CPU slots.
+The last line is JSON with ``step_time_vs_trl`` (ours / TRL), ``accuracy_ours``, ``accuracy_trl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS, GROUP, NEW_TOKENS, LR = 32, 8, 4, 1e-3
+
+
+def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str, float]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from envs.verifier import Verifier
+    from policies.tiny_lm import greedy_accuracy, read_jsonl
+
+    torch.set_num_threads(2)
+    verifier = Verifier()
+
+    def reward(completions, answer, **_):
+        return [1.0 if ok else -1.0 for ok in verifier.score(completions, answer).correct]
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.times = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.tic = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self.tic)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    train = read_jsonl(data_dir / "train.jsonl")
+    config = GRPOConfig(
+        output_dir=str(out / "trl"), max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=LR, lr_scheduler_type="constant",
+        adam_epsilon=1e-5, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
+        temperature=1.0, num_iterations=1, use_cpu=True, bf16=False, gradient_checkpointing=False,
+        logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True)
+    times = StepTimes()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list(train), callbacks=[times])
+    tic = time.monotonic()
+    trainer.train()
+    wall = time.monotonic() - tic
+    accuracy = greedy_accuracy(trainer.model, tokenizer, read_jsonl(data_dir / "test.jsonl"), NEW_TOKENS)
+    verifier.close()
+    return {"step_s": statistics.median(times.times[1:]), "accuracy": accuracy, "wall_s": wall}
+
+
+def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    command = [sys.executable, "-m", "embodied", "train", "--config-name", "math_grpo_tiny",
+               f"actor.model.model_path={model_dir}", f"data.train_data_paths=[{data_dir / 'train.jsonl'}]",
+               f"data.val_data_paths=[{data_dir / 'test.jsonl'}]", f"runner.output_dir={out}",
+               "runner.experiment_name=ours", f"runner.max_epochs={steps}", f"runner.val_check_interval={steps}",
+               "runner.val_before_train=false", f"data.rollout_batch_size={PROMPTS}", f"algorithm.group_size={GROUP}",
+               f"runner.seq_length={8 + NEW_TOKENS}", "data.max_prompt_length=8", f"actor.optim.lr={LR}",
+               "actor.lr_sched.lr_decay_style=constant", f"actor.global_batch_size={PROMPTS * GROUP}",
+               "algorithm.update_epochs=1", "algorithm.kl_beta=0", "algorithm.loss_agg_func=token-mean",
+               "algorithm.sampling_params.temperature=1.0", "reward.reward_scale=1.0"]
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if done.returncode:
+        sys.exit(f"our run failed: {' '.join(command)}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    events = EventAccumulator(str(out / "ours" / "tensorboard"))
+    events.Reload()
+    parts = [{e.step: e.value for e in events.Scalars(tag)} for tag in ("time/sync", "time/rollout", "time/update")]
+    step_s = [sum(p[s] for p in parts) for s in sorted(parts[0]) if s > 1]
+    return {"step_s": statistics.median(step_s), "accuracy": result["eval_success"], "wall_s": result["wall_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "results" / "math_vs_trl"))
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    import torch
+
+    from envs.arithmetic import write_split
+    from policies.tiny_lm import warm_start
+
+    torch.set_num_threads(1)  # a tiny model: more threads only contend
+    write_split(out / "data")
+    warm = warm_start(out / "model", out / "data")
+    print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f}", flush=True)
+    ours = run_ours(out / "model", out / "data", out, args.steps)
+    print(f"ours: median step {ours['step_s']:.3f} s, accuracy {ours['accuracy']:.3f} after {args.steps} steps", flush=True)
+    trl = run_trl(out / "model", out / "data", out, args.steps)
+    print(f"TRL:  median step {trl['step_s']:.3f} s, accuracy {trl['accuracy']:.3f} after {args.steps} steps", flush=True)
+    ratio = ours["step_s"] / trl["step_s"]
+    print(f"step time ours / TRL: {ratio:.2f}x")
+    print(json.dumps({"step_time_vs_trl": round(ratio, 3), "step_s_ours": round(ours["step_s"], 4),
+                      "step_s_trl": round(trl["step_s"], 4), "accuracy_ours": ours["accuracy"],
+                      "accuracy_trl": trl["accuracy"], "accuracy_start": warm["accuracy"], "steps": args.steps,
+                      "prompts": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "lr": LR}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""A prompt set as a single-step text environment (``env_type: text``).
+
+A reset hands each env the next prompt (text and left-padded token ids); one step takes the
+responses as token ids, decodes them, scores each against its prompt's reference answer with
+math-verify (``envs/verifier.py``) and ends the episode: ``T = 1``, ``terminations = True``.
+The reward is ``+reward_scale`` for a verified answer and ``-reward_scale`` otherwise (the
+reference's ``reward.reward_scale``), times ``reward_coef``; unparsable responses and verifier
+timeouts score as wrong and are counted (``<split>/unparsable``, ``<split>/verifier_timeout``).
+
+Prompt order: the prompts of all files form one list; with ``shuffle`` every epoch walks a new
+permutation of it (seeded by ``seed`` and the epoch). Group ``g`` of ``G`` groups across all env
+workers and stages takes position ``k * G + g`` of that walk at its ``k``-th episode, so every
+prompt comes once per epoch; the ``group_size`` envs of a group share it (with
+``use_fixed_reset_state_ids``; without, every env is its own group). Unshuffled eval envs thus
+see the first ``total_num_envs / group_size`` prompts, each exactly once.
+
+Prompts longer than ``max_prompt_length`` tokens (after the tokenizer's chat template, when it
+has one) are dropped when loading, and counted (``<split>/prompts_filtered``). Each episode's
+``task_descriptions`` is the stem of its prompt's data file, so success (= accuracy) is also
+reported per data file. ``init_params`` (see config/env/math_*.yaml) carry the ``data.*`` keys,
+the tokenizer and ``reward.reward_scale`` down to the env.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.vector_env import EnvSetupError, read_options
+from envs.verifier import CORRECT, TIMEOUT, UNPARSABLE, Verifier
+
+SAMPLES_KEPT = 8  # responses kept from each step for the logs
+
+
+class DataError(EnvSetupError):
+    """A prompt set the env cannot use; the message names the file, line and key."""
+
+
+@dataclass
+class Prompt:
+    text: str  # after the chat template
+    ids: list[int]
+    answer: str
+    source: str  # data file stem
+
+
+def load_tokenizer(params: Mapping[str, Any]):
+    """The tokenizer of ``tokenizer_model`` (or ``model_path``), as ``actor.tokenizer`` says."""
+    from transformers import AutoTokenizer
+
+    path = params.get("tokenizer_model") or params.get("model_path")
+    if not path or not Path(path).is_dir():
+        raise DataError(f"actor.tokenizer.tokenizer_model / actor.model.model_path = {path!r}: expected a "
+                        "tokenizer folder")
+    try:
+        return AutoTokenizer.from_pretrained(path, use_fast=params.get("use_fast", True),
+                                             trust_remote_code=params.get("trust_remote_code", False))
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot load a tokenizer from {path}: {' '.join(str(err).split())[:300]}") from None
+
+
+def read_records(path: str | Path, prompt_key: str, answer_key: str) -> list[tuple[str, str]]:
+    """``(prompt, answer)`` of every record of a JSONL or parquet file, or one ``DataError``
+    naming the file, line and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        for key, name in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+            if key not in table.column_names:
+                raise DataError(f"{path}: no column {key!r} ({name}); columns are {table.column_names}")
+        rows = list(zip(table.column(prompt_key).to_pylist(), table.column(answer_key).to_pylist()))
+        lines = range(1, len(rows) + 1)
+    else:
+        rows, lines = [], []
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+                if not isinstance(record, dict):
+                    raise DataError(f"{path}:{number}: not a JSON object")
+                for key, name in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+                    if key not in record:
+                        raise DataError(f"{path}:{number}: no key {key!r} ({name}); keys are {sorted(record)}")
+                rows.append((record[prompt_key], record[answer_key]))
+                lines.append(number)
+    if not rows:
+        raise DataError(f"data file {path} holds no records")
+    for (prompt, _), number in zip(rows, lines):
+        if not isinstance(prompt, str):
+            raise DataError(f"{path}:{number}: {prompt_key!r} is not a string")
+    return [(p, str(a)) for p, a in rows]
+
+
+def load_prompts(params: Mapping[str, Any], tokenizer) -> tuple[list[Prompt], int]:
+    """Every prompt of ``params.data_paths`` that fits ``max_prompt_length`` tokens, and how many
+    did not."""
+    paths = list(params["data_paths"])
+    if not paths:
+        raise DataError("no data files: set data.train_data_paths / data.val_data_paths")
+    limit = int(params["max_prompt_length"])
+    prompts, dropped = [], 0
+    for path in paths:
+        records = read_records(path, params["prompt_key"], params["answer_key"])
+        texts = [_template(tokenizer, p) for p, _ in records]
+        encoded = tokenizer(texts, add_special_tokens=not tokenizer.chat_template)["input_ids"]
+        for text, ids, (_, answer) in zip(texts, encoded, records):
+            if len(ids) > limit:
+                dropped += 1
+            else:
+                prompts.append(Prompt(text, list(ids), answer, Path(path).stem))
+    if not prompts:
+        raise DataError(f"all {dropped} prompts of {paths} are longer than data.max_prompt_length={limit} tokens")
+    return prompts, dropped
+
+
+def _template(tokenizer, prompt: str) -> str:
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return prompt
+
+
+_VERIFIER: Verifier | None = None
+
+
+def _verifier() -> Verifier:
+    """One scoring pool per process, shared by its envs (stages score one after another)."""
+    global _VERIFIER
+    if _VERIFIER is None:
+        _VERIFIER = Verifier()
+    return _VERIFIER
+
+
+class TextEnv:
+    """``num_envs`` single-step envs over a prompt set; the vector-env interface of DESIGN.md."""
+
+    def __init__(self, cfg: Mapping[str, Any], num_envs: int, seed_offset: int = 0):
+        options = read_options(cfg, num_envs, seed_offset)
+        for key, wanted in (("max_episode_steps", 1), ("auto_reset", False), ("ignore_terminations", False),
+                            ("use_rel_reward", False)):
+            if options[key] != wanted:
+                raise EnvSetupError(f"env.*.{key}={options[key]!r}: the text env needs {wanted} "
+                                    "(one response per episode)")
+        if cfg["video_cfg"]["save_video"]:
+            raise EnvSetupError("env.*.video_cfg.save_video: the text env has no frames to record")
+        params = cfg["init_params"]
+        self.tokenizer = load_tokenizer(params)
+        self.prompts, self.filtered = load_prompts(params, self.tokenizer)
+        self.num_envs = num_envs
+        self.max_prompt_length = int(params["max_prompt_length"])
+        self.reward = float(params["reward_scale"]) * float(options["reward_coef"])
+        self.shuffle, self.seed = bool(params["shuffle"]), int(options["seed"])
+        unit = options["group_size"] if options["use_fixed_reset_state_ids"] else 1
+        self.streams = (seed_offset + np.arange(num_envs)) // unit
+        self.num_streams = int(cfg["total_num_envs"]) // unit
+        self.eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self._episode = np.full(num_envs, -1, np.int64)
+        self._current: list[Prompt] = []
+        self._stepped = False
+        self._counts = {UNPARSABLE: 0, TIMEOUT: 0}
+        self._samples: list[dict[str, Any]] = []
+        self._orders: dict[int, np.ndarray] = {}
+
+    @property
+    def task_descriptions(self) -> list[str]:
+        return [p.source for p in self._current]
+
+    def _prompt_at(self, position: int) -> Prompt:
+        epoch, index = divmod(position, len(self.prompts))
+        if self.shuffle:
+            if epoch not in self._orders:
+                self._orders = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))}
+            index = int(self._orders[epoch][index])
+        return self.prompts[index]
+
+    def reset(self, reset_state_ids: np.ndarray | list[int] | None = None) -> dict[str, Any]:
+        """The next prompt of every env (``reset_state_ids``: prompt indices, if given)."""
+        self._episode += 1
+        if reset_state_ids is None:
+            positions = self._episode * self.num_streams + self.streams
+            self._current = [self._prompt_at(int(p)) for p in positions]
+        else:
+            self._current = [self.prompts[int(i)] for i in reset_state_ids]
+        self._stepped = False
+        return self._observation()
+
+    def _observation(self) -> dict[str, Any]:
+        ids = np.full((self.num_envs, self.max_prompt_length), self.pad, np.int64)
+        mask = np.zeros_like(ids)
+        for row, prompt in enumerate(self._current):
+            if prompt.ids:
+                ids[row, -len(prompt.ids):] = prompt.ids
+                mask[row, -len(prompt.ids):] = 1
+        return {"input_ids": ids, "attention_mask": mask, "prompts": [p.text for p in self._current],
+                "task_descriptions": self.task_descriptions}
+
+    def responses(self, actions: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Decoded responses (up to the first EOS) and their lengths in tokens (EOS included)."""
+        tokens = np.asarray(actions).reshape(self.num_envs, -1).astype(np.int64)
+        texts, lengths = [], np.zeros(self.num_envs, np.int32)
+        for row, seq in enumerate(tokens):
+            stop = np.flatnonzero(seq == self.eos)
+            end = int(stop[0]) if stop.size else len(seq)
+            lengths[row] = end + 1 if stop.size else end
+            texts.append(self.tokenizer.decode(seq[:end].tolist(), skip_special_tokens=True))
+        return texts, lengths
+
+    def chunk_step(self, actions: np.ndarray):
+        """Score the responses ``actions[B, 1, L]`` (token ids, EOS then padding); ends every episode."""
+        if not self._current:
+            raise RuntimeError("chunk_step before reset(): call reset() first")
+        actions = np.asarray(actions)
+        if actions.ndim != 3 or actions.shape[:2] != (self.num_envs, 1):
+            raise ValueError(f"actions: expected token ids of shape [{self.num_envs}, 1, L], got {list(actions.shape)}")
+        done = np.full(self.num_envs, not self._stepped)
+        texts, lengths = self.responses(actions)
+        verdicts = _verifier().score(texts, [p.answer for p in self._current])
+        correct = np.asarray(verdicts.correct) & done
+        rewards = np.where(correct, self.reward, -self.reward).astype(np.float32) * done
+        if not self._stepped:
+            for status in self._counts:
+                self._counts[status] += verdicts.count(status)
+            self._samples = [{"prompt": p.text, "response": t, "answer": p.answer, "reward": float(r)}
+                             for p, t, r in list(zip(self._current, texts, rewards))[:SAMPLES_KEPT]]
+        self._stepped = True
+        infos = {"success": correct, "success_once": correct, "episode_return": rewards,
+                 "episode_length": lengths, "done": done, "task_descriptions": self.task_descriptions}
+        terminations = done[:, None].copy()
+        return self._observation(), rewards[:, None], terminations, np.zeros_like(terminations), infos
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts since the last call: unparsable responses, verifier timeouts; and the prompts
+        dropped for length (a constant of the data)."""
+        counts = {"unparsable": float(self._counts[UNPARSABLE]), "verifier_timeout": float(self._counts[TIMEOUT]),
+                  "prompts_filtered": float(self.filtered)}
+        self._counts = {UNPARSABLE: 0, TIMEOUT: 0}
+        return counts
+
+    def pop_samples(self) -> list[dict[str, Any]]:
+        samples, self._samples = self._samples, []
+        return samples
+
+    def next_episodes(self) -> np.ndarray:
+        return self._episode + 1 - (not self._stepped and bool(self._current))
+
+    def set_next_episodes(self, numbers: np.ndarray | list[int]) -> None:
+        numbers = np.asarray(numbers, np.int64)
+        if numbers.shape != (self.num_envs,) or numbers.min() < 0:
+            raise ValueError(f"next episodes: expected {self.num_envs} integers >= 0, got {numbers!r}")
+        self._episode[:] = numbers - 1
+        self._current = []
+
+    def flush(self) -> None:
+        """Nothing to finish (no videos)."""
+
+    def close(self) -> None:
+        """The scoring pool is shared by the process's envs and ends with it."""

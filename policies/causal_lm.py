@@ -1,0 +1,136 @@
+"""A Hugging Face causal LM (Llama, Qwen2, ... any ``AutoModelForCausalLM`` folder) as a policy
+for the single-step text env (``model_type: causal_lm``).
+
+An action is a response: ``max_new_tokens`` token ids in one chunk (``[B, 1, L]``, int64), EOS
+then padding, with a response mask that marks the sampled tokens up to and including EOS.
+
+- ``act(obs)``: batched ``generate`` with a KV cache over the env's left-padded prompts (the
+  columns that are padding in every row are cut first), with ``algorithm.sampling_params``;
+  per-token log-probs come from the raw logits of each step.
+- ``evaluate``: one forward pass over prompt + response with gradients.
+
+Both score a token by ``log_softmax(logits / temperature)``: the temperature-scaled model,
+the distribution the loss trains. top-k, top-p, repetition penalty and ``min_new_tokens`` only
+shape which tokens are sampled (as generation engines report log-probs).
+With ``is_lora`` the attention and MLP projections get LoRA adapters (``policies/lora.py``,
+alpha = rank); the base weights stay frozen and ``adapters_disabled`` gives the reference policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from policies.base import ActOutput, EvaluateOutput, Policy, model_option
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LORA_TARGETS = r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
+
+
+class CausalLMPolicy(Policy):
+    def __init__(self, cfg: Mapping[str, Any]):
+        super().__init__(cfg)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(model_option(cfg, "model_path"))
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"actor.model.model_path={str(path)!r} is not a Hugging Face model folder "
+                                    "(no config.json)")
+        if self.num_action_chunks != 1:
+            raise ValueError("actor.model.num_action_chunks must be 1 for causal_lm (one response per step)")
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[cfg["precision"]], attn_implementation=cfg["attn_implementation"],
+            trust_remote_code=cfg["trust_remote_code"], low_cpu_mem_usage=cfg["low_cpu_mem_usage"])
+        tokenizer_path = cfg.get("tokenizer_model") or path
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=cfg["tokenizer_use_fast"],
+                                                  trust_remote_code=cfg["tokenizer_trust_remote_code"])
+        self.eos = cfg["eos_token_id"] if cfg.get("eos_token_id") is not None else tokenizer.eos_token_id
+        pad = cfg["pad_token_id"] if cfg.get("pad_token_id") is not None else tokenizer.pad_token_id
+        self.pad = self.eos if pad is None else pad
+        if self.eos is None:
+            raise ValueError(f"the tokenizer in {tokenizer_path} has no EOS token: set rollout.eos")
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_new_tokens = self.action_dim
+        prompt = int(model_option(cfg, "max_prompt_length"))
+        if limit is not None and prompt + self.max_new_tokens > limit:
+            raise ValueError(f"runner.seq_length ({prompt + self.max_new_tokens}) exceeds the "
+                             f"{limit} positions of the model in {path}")
+        if cfg["gradient_checkpointing"]:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        if cfg["is_lora"]:
+            from policies.lora import apply_lora
+
+            model = apply_lora(model, LORA_TARGETS, cfg["lora_rank"], cfg["lora_rank"], cfg.get("lora_path"))
+        self.model = model
+        self.sampling = {k: cfg[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "min_new_tokens")}
+        self.temperature = float(cfg["temperature"])
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        """FSDP2 shards the decoder layers one by one."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return list(base.model.layers)
+
+    @torch.no_grad()
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+        from transformers import GenerationConfig
+
+        ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).to(self.device, copy=True)
+        mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).to(self.device, copy=True)
+        start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
+        s = self.sampling
+        vocab = self.model.config.vocab_size
+        config = GenerationConfig(
+            max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample,
+            temperature=s["temperature"] if do_sample else None,
+            top_k=s["top_k"] if do_sample and s["top_k"] < vocab else None,
+            top_p=s["top_p"] if do_sample and s["top_p"] < 1.0 else None,
+            repetition_penalty=s["repetition_penalty"], eos_token_id=self.eos, pad_token_id=self.pad,
+            output_logits=True, return_dict_in_generate=True)
+        out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)
+        tokens = out.sequences[:, ids.shape[1] - start:]
+        logprobs = _token_logprobs(torch.stack(out.logits, dim=1).float() / self.temperature, tokens)
+        response_mask = _response_mask(tokens, self.eos)
+        width = self.max_new_tokens - tokens.shape[1]
+        tokens = F.pad(tokens, (0, width), value=self.pad)
+        logprobs = F.pad(logprobs * response_mask, (0, width))
+        response_mask = F.pad(response_mask, (0, width))
+        inputs = {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}
+        return ActOutput(tokens[:, None], logprobs[:, None], None, inputs, response_mask[:, None].bool())
+
+    def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
+        ids, mask = forward_inputs["input_ids"].long(), forward_inputs["attention_mask"].long()
+        response_mask = forward_inputs["response_mask"].float()
+        tokens = torch.as_tensor(actions, device=ids.device).long().reshape(ids.shape[0], -1)
+        # cut the columns that are padding in every row: left of the prompts, right of the responses
+        start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
+        stop = int((response_mask.sum(0) > 0).nonzero()[-1]) + 1 if response_mask.any() else 1
+        prompt_width = ids.shape[1] - start
+        full = torch.cat([ids[:, start:], tokens[:, :stop]], dim=1)
+        attention = torch.cat([mask[:, start:], torch.ones_like(tokens[:, :stop])], dim=1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=full, attention_mask=attention, position_ids=positions).logits
+        logits = logits[:, prompt_width - 1:-1].float() / self.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        logprobs = logp.gather(-1, tokens[:, :stop, None]).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        width = tokens.shape[1] - stop
+        # fresh tensors, not views: FSDP2's backward hooks on a returned view break under in-place ops
+        logprobs = F.pad(logprobs * response_mask[:, :stop], (0, width))[:, None].clone()
+        entropy = F.pad(entropy * response_mask[:, :stop], (0, width))[:, None].clone()
+        return EvaluateOutput(logprobs, entropy, None)
+
+
+def _token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def _response_mask(tokens: Tensor, eos: int) -> Tensor:
+    """1 for every token up to and including the first EOS of each row, 0 after it."""
+    is_eos = (tokens == eos).long()
+    ended_before = is_eos.cumsum(-1) - is_eos
+    return (ended_before == 0).float()

@@ -1,0 +1,103 @@
+"""The causal-LM policy on a real (tiny, warm-started) Llama checkpoint: generation with a KV cache
+and left padding, the response mask, sampling options, log-probs that training recomputes
+exactly, and LoRA with its adapters-off reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from envs.text import load_prompts, load_tokenizer
+from policies.causal_lm import CausalLMPolicy
+
+
+def _cfg(model, **over):
+    cfg = dict(model_type="causal_lm", model_path=str(model), action_dim=4, num_action_chunks=1,
+               value_type="chunk_level", max_prompt_length=8, add_value_head=False, do_sample=True,
+               temperature=1.0, top_k=1000000, top_p=1.0, repetition_penalty=1.0, min_new_tokens=1,
+               tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False,
+               eos_token_id=None, pad_token_id=None, precision="fp32", is_lora=False, lora_rank=4,
+               lora_path=None, attn_implementation="sdpa", trust_remote_code=False, low_cpu_mem_usage=True,
+               gradient_checkpointing=False)
+    cfg.update(over)
+    return cfg
+
+
+def _obs(tiny_math, count=32, width=8):
+    params = {"data_paths": [str(tiny_math["data"] / "test.jsonl")], "prompt_key": "prompt",
+              "answer_key": "answer", "max_prompt_length": width}
+    prompts, _ = load_prompts(params, load_tokenizer({"model_path": str(tiny_math["model"])}))
+    ids = np.zeros((count, width), np.int64)
+    mask = np.zeros_like(ids)
+    for row, p in enumerate(prompts[:count]):
+        ids[row, -len(p.ids):], mask[row, -len(p.ids):] = p.ids, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_math):
+    torch.manual_seed(0)
+    return CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.7))
+
+
+def test_rollout_logprobs_equal_the_recomputed_ones(policy, tiny_math):
+    torch.manual_seed(1)
+    out = policy.act(_obs(tiny_math))
+    assert out.actions.shape == out.logprobs.shape == out.token_mask.shape == (32, 1, 4)
+    assert out.actions.dtype == torch.long and out.values is None
+    again = policy.evaluate(out.forward_inputs, out.actions)
+    assert (again.logprobs - out.logprobs).abs().max() < 1e-5
+    assert (again.logprobs[~out.token_mask] == 0).all() and (out.logprobs[out.token_mask] < 0).all()
+    assert again.logprobs.requires_grad and (again.entropy[out.token_mask] > 0).all()
+
+
+def test_generation_stops_at_eos_and_the_mask_ends_there(policy, tiny_math):
+    out = policy.act(_obs(tiny_math), do_sample=False)
+    tokens, mask = out.actions[:, 0], out.token_mask[:, 0]
+    for row, keep in zip(tokens, mask):
+        length = int(keep.sum())
+        eos = (row[:length] == policy.eos).nonzero()
+        # the mask covers the response up to and including its first EOS, padding after it
+        assert eos.numel() == 0 and length == 4 or eos[0] == length - 1
+        assert (row[length:] == policy.pad).all()
+
+
+def test_greedy_ignores_padding_width_and_sampling_options(policy, tiny_math):
+    narrow, wide = _obs(tiny_math, width=8), _obs(tiny_math, width=12)
+    assert torch.equal(policy.act(narrow, do_sample=False).actions, policy.act(wide, do_sample=False).actions)
+    top1 = CausalLMPolicy(_cfg(tiny_math["model"], top_k=1))
+    torch.manual_seed(3)
+    assert torch.equal(top1.act(narrow).actions, policy.act(narrow, do_sample=False).actions)
+    torch.manual_seed(3)
+    hot = policy.act(narrow).actions
+    torch.manual_seed(4)
+    assert not torch.equal(hot, policy.act(narrow).actions)  # sampling varies with the seed
+
+
+def test_temperature_scales_the_logprobs(tiny_math):
+    obs = _obs(tiny_math)
+    cold = CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.5))
+    warm = CausalLMPolicy(_cfg(tiny_math["model"], temperature=2.0))
+    out = cold.act(obs, do_sample=False)
+    assert (cold.evaluate(out.forward_inputs, out.actions).logprobs[out.token_mask]
+            > warm.evaluate(out.forward_inputs, out.actions).logprobs[out.token_mask]).float().mean() > 0.9
+
+
+def test_lora_trains_adapters_only_and_disabled_adapters_give_the_base(tiny_math):
+    from policies.lora import adapter_state_dict, adapters_disabled
+
+    base = CausalLMPolicy(_cfg(tiny_math["model"]))
+    lora = CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True))
+    trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
+    names = list(adapter_state_dict(lora))
+    assert all(any(f"{m}.lora_A" in n for n in names) for m in ("q_proj", "v_proj", "down_proj"))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)  # adapters that change the outputs
+    out = base.act(_obs(tiny_math), do_sample=False)
+    moved = lora.evaluate(out.forward_inputs, out.actions).logprobs
+    reference = base.evaluate(out.forward_inputs, out.actions).logprobs
+    assert (moved - reference).abs().max() > 1e-2
+    with adapters_disabled(lora), torch.no_grad():
+        assert (lora.evaluate(out.forward_inputs, out.actions).logprobs - reference).abs().max() < 1e-5

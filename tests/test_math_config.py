@@ -1,0 +1,74 @@
+"""Math configs compose and dry-run; bad input ends with one message naming the file, line or key
+and exit code 2, before anything starts."""
+
+import json
+
+import pytest
+
+from embodied.cli import _main
+
+
+def _args(tiny_math, *extra):
+    return ["--dry-run", f"actor.model.model_path={tiny_math['model']}",
+            f"data.train_data_paths=[{tiny_math['data'] / 'train.jsonl'}]",
+            f"data.val_data_paths=[{tiny_math['data'] / 'test.jsonl'}]", *extra]
+
+
+def _run(capsys, config, args):
+    code = _main(["--config-name", config, *args], "embodied-train")
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_tiny_and_gpu_configs_dry_run(tiny_math, capsys):
+    code, out, _ = _run(capsys, "math_grpo_tiny", _args(tiny_math))
+    assert code == 0 and "config OK" in out and "32 prompts/step" in out
+    code, out, _ = _run(capsys, "math_grpo_qwen2_5_1_5b", _args(
+        tiny_math, "data.max_prompt_length=8", "runner.seq_length=12", "cluster.num_gpus_per_node=8",
+        "actor.model.is_lora=true"))
+    assert code == 0 and "actor: 8 rank(s)" in out
+
+
+def test_gpu_config_requires_a_model(capsys):
+    code, _, err = _run(capsys, "math_grpo_qwen2_5_1_5b", ["--dry-run", "cluster.num_gpus_per_node=2"])
+    assert code == 2 and "actor.model.model_path = None" in err
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_generation_engines_are_refused_by_key(tiny_math, capsys, backend):
+    code, _, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, f"rollout.backend={backend}"))
+    assert code == 2 and f"rollout.backend = '{backend}'" in err and "huggingface" in err
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "train.jsonl:2: not a JSON object"),
+    ('{"prompt": "1+1=", "solution": "2"}\n', "train.jsonl:1: no key 'answer' (data.answer_key)"),
+    ("\n", "train.jsonl holds no records"),
+    ('{"prompt": "123456789+1=", "answer": "1"}\n', "longer than data.max_prompt_length=8"),
+])
+def test_bad_data_exits_2_naming_file_and_line(tiny_math, tmp_path, capsys, content, message):
+    (tmp_path / "train.jsonl").write_text(content)
+    code, _, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, f"data.train_data_paths=[{tmp_path / 'train.jsonl'}]"))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("override, key", [
+    ("actor.model.model_path=/nonexistent/model", "actor.model.model_path"),
+    ("actor.tokenizer.tokenizer_model=/nonexistent/tokenizer", "actor.tokenizer.tokenizer_model"),
+    ("data.train_data_paths=[/nonexistent/train.jsonl]", "/nonexistent/train.jsonl does not exist"),
+    ("actor.tokenizer.padding_side=right", "actor.tokenizer.padding_side"),
+    ("data.type=code", "data.type"),
+    ("algorithm.loss_agg_func=sum", "algorithm.loss_agg_func"),
+])
+def test_bad_paths_and_values_exit_2_naming_the_key(tiny_math, capsys, override, key):
+    code, _, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, override))
+    assert code == 2 and key in err
+
+
+def test_the_prompt_set_keys_are_read(tiny_math, tmp_path, capsys):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "1+1=", "solution": "2"}) + "\n")
+    code, _, err = _run(capsys, "math_grpo_tiny", _args(
+        tiny_math, f"data.train_data_paths=[{tmp_path / 'q.jsonl'}]", f"data.val_data_paths=[{tmp_path / 'q.jsonl'}]",
+        "data.prompt_key=question",
+        "data.answer_key=solution", "data.rollout_batch_size=4"))
+    assert code == 0, err
