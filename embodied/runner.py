@@ -143,12 +143,17 @@ class Runner:
 
     # -------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
-        """Greedy episodes on the eval envs; success, return and length per episode."""
+        """Greedy episodes on the eval envs; success, return and length per episode. With
+        ``env.eval.each_reset_state_once`` as many rounds of episodes as it takes to start every
+        reset state once (e.g. every LIBERO task x init state), whatever the number of envs."""
         tic = time.monotonic()
         self._turn(self.rollout)
-        env_call = self.env.execute("interact", "eval", self.eval_chunk_steps)
-        self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
-        metrics = _merge_ranks(env_call.wait())
+        per_round = []
+        for r in range(max(self.env.execute("rounds", "eval").wait())):
+            env_call = self.env.execute("interact", "eval", self.eval_chunk_steps, r == 0)
+            self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
+            per_round += env_call.wait()
+        metrics = _merge_ranks(per_round)
         metrics["time/eval"] = time.monotonic() - tic
         return metrics
 
@@ -159,9 +164,12 @@ class Runner:
         self.rollout.execute("set_weights", weights).wait()
         metrics = self.evaluate()
         self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
-        _print_eval(f"eval of {folder} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
+        env = self.cfg.env.eval
+        shared = shared_reset_states(self.cfg)
+        _print_eval(f"eval of {folder} ({env.init_params.get('id', env.task_suite_name or '')})",
+                    metrics, shared)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
-                "tasks": _per_task(metrics)} | self._totals()
+                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared} | self._totals()
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -236,12 +244,26 @@ def _per_task(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
             for t in tasks}
 
 
-def _print_eval(title: str, metrics: dict[str, float]) -> None:
-    """The overall success, then one line per task (through tqdm, so a progress bar stays intact)."""
+def shared_reset_states(cfg: DictConfig) -> int | None:
+    """How many of the eval envs' reset states (e.g. LIBERO task x init state) the training envs
+    also start from: 0 means disjoint; None when a split's states are unbounded seeds drawn at
+    random, which cannot be listed."""
+    from envs.vector_env import reset_state_names
+
+    train, evals = reset_state_names(cfg.env.train), reset_state_names(cfg.env.eval)
+    return None if train is None or evals is None else len(set(train) & set(evals))
+
+
+def _print_eval(title: str, metrics: dict[str, float], shared: int | None = None) -> None:
+    """The overall success, then one line per task (through tqdm, so a progress bar stays
+    intact), and when known whether the eval's reset states were also trained on."""
     episodes = int(metrics["eval/episodes"])
     lines = [f"{title}: success {metrics['eval/success_once']:.3f} over {episodes} episodes"]
     lines += [f"  {task}: success {t['success']:.3f} over {t['episodes']} episodes"
               for task, t in _per_task(metrics).items()]
+    if shared is not None:
+        lines.append("  train and eval reset states are disjoint" if shared == 0 else
+                     f"  {shared} eval reset states are also training reset states (overlap)")
     tqdm.write("\n".join(lines))
 
 

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from embodied import checkpoint
 from embodied.config import ConfigError
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
-from envs import ENVS
+from envs import ENV_CHECKS, ENVS
+from envs.vector_env import EnvSetupError
 from policies import POLICIES
 
 LOGGER_BACKENDS = ("tensorboard", "wandb", "swanlab")
@@ -151,6 +152,14 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}.env_type", env.env_type, f"one of {ENVS.names()}")
         for key, low in ENV_RANGES.items():
             _range(cfg, f"env.{split}.{key}", low, True, None)
+        if env.each_reset_state_once and env.auto_reset:
+            _fail(f"env.{split}.auto_reset", True, f"false with env.{split}.each_reset_state_once "
+                  "(one episode per env and round)")
+        if env.env_type in ENV_CHECKS:  # the adapter's own checks: suite, files, assets
+            try:
+                ENV_CHECKS.get(env.env_type)(env)
+            except EnvSetupError as err:
+                raise ConfigError(f"env.{split}: {err}") from None
         if env.max_episode_steps % chunks:
             _fail(f"env.{split}.max_episode_steps", env.max_episode_steps,
                   f"a multiple of actor.model.num_action_chunks ({chunks})")

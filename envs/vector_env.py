@@ -351,6 +351,16 @@ def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str
     return env
 
 
+def reset_state_names(env_cfg: Any) -> list[str] | None:
+    """Every reset state an env config can start from, by name, when the adapter enumerates
+    them (LIBERO: suite, task and init state); None for unbounded seeds."""
+    from envs import ENV_CHECKS
+
+    if env_cfg["env_type"] not in ENV_CHECKS:
+        return None
+    return ENV_CHECKS.get(env_cfg["env_type"])(env_cfg).reset_state_names()
+
+
 def load_env_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
     """Compose one group file of ``config/env`` on its own (with its defaults), e.g. for tests,
     benchmarks and scripts that run an env without a whole experiment config."""
