@@ -343,6 +343,11 @@ class LiberoEnv:
             self._raw = self.env.reset()
         else:
             self.env.reset()
+        # robosuite's soft reset keeps the gripper's last command, which a rebuilt scene starts
+        # without: clear it, so that an episode does not depend on the one before
+        for robot in self.env.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        if task.init_states is not None:
             self._raw = self.env.set_init_state(task.init_states[k])
         noop = np.zeros(ACTION_DIM)
         noop[-1] = -1.0  # LIBERO's own convention: -1 opens the gripper
