@@ -22,7 +22,7 @@ from tqdm import tqdm
 from embodied import checkpoint
 from embodied.channel import Channel
 from embodied.cluster import Cluster
-from embodied.config import training_steps
+from embodied.config import chunk_steps, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.worker import GroupCall, WorkerGroup
@@ -51,8 +51,8 @@ class Runner:
             self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor",
                                             name=cfg.actor.group_name, args=(cfg, self.channel))
         chunks = cfg.actor.model.num_action_chunks
-        self.train_chunk_steps = cfg.env.train.max_episode_steps // chunks
-        self.eval_chunk_steps = cfg.env.eval.max_episode_steps // chunks
+        self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
+        self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
         rollout_ranks = plan.world_size("rollout")
         pieces = replay_pieces(rollout_ranks, actor_ranks, cfg.env.train.total_num_envs // rollout_ranks)
         self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(actor_ranks))

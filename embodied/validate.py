@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from embodied import checkpoint
-from embodied.config import ConfigError
+from embodied.config import ConfigError, chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from envs import ENV_CHECKS, ENVS
 from envs.vector_env import EnvSetupError
@@ -160,9 +160,6 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
                 ENV_CHECKS.get(env.env_type)(env)
             except EnvSetupError as err:
                 raise ConfigError(f"env.{split}: {err}") from None
-        if env.max_episode_steps % chunks:
-            _fail(f"env.{split}.max_episode_steps", env.max_episode_steps,
-                  f"a multiple of actor.model.num_action_chunks ({chunks})")
         unit = env_ranks * stages * env.group_size
         if env.total_num_envs % unit:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
@@ -190,11 +187,11 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
               "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
               "trajectories only after the whole rollout")
-    samples = train.total_num_envs * (train.max_episode_steps // chunks) * cfg.algorithm.rollout_epoch
+    samples = train.total_num_envs * chunk_steps(train.max_episode_steps, chunks) * cfg.algorithm.rollout_epoch
     if samples % cfg.actor.global_batch_size:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
-              "max_episode_steps / num_action_chunks x algorithm.rollout_epoch)")
+              "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")
 
 
 def devices_per_node(cfg: DictConfig) -> tuple[int, str]:
