@@ -36,9 +36,11 @@ itself looks (its package folder, then ``~/.cache/libero/assets``).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib.util
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +146,8 @@ def _suite_tasks(suite: str) -> list[Task]:
 
     if suite == "libero_130":
         return [t for s in SUITE_MAX_STEPS for t in _suite_tasks(s)]
-    bench = get_benchmark(suite)()
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its task order every time
+        bench = get_benchmark(suite)()
     bddl_root, init_root = Path(get_libero_path("bddl_files")), Path(get_libero_path("init_states"))
     tasks = []
     for i in range(bench.get_num_tasks()):

@@ -184,6 +184,11 @@ class VectorEnv:
         return f"state{state_id}"
 
     @property
+    def extra_episodes(self) -> np.ndarray:
+        """Which envs run an extra episode (``each_reset_state_once``) since the last reset."""
+        return self._extra.copy()
+
+    @property
     def reset_state_names(self) -> list[str]:
         """The reset state each env's current episode started from."""
         return [self.reset_state_name(int(s)) for s in self._state_ids]

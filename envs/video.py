@@ -13,7 +13,7 @@ With ``per_episode`` each env's episode gets a file of its own instead, named
 ``<name>_<reset state>_<number>.mp4`` after the state it started from (the env's
 ``reset_state_names``, e.g. ``task003_init42_<task>`` for LIBERO), so that the episode of a
 given task and init state is found by its name; it ends with the episode (also mid-chunk, at an
-auto-reset) or at ``flush()``.
+auto-reset) or at ``flush()``. Extra episodes that only fill a batch get no file.
 """
 
 from __future__ import annotations
@@ -128,10 +128,11 @@ class VideoRecorder:
         self._writers[i] = self._closers[i] = None
 
     def _start_episodes(self, envs: np.ndarray) -> None:
-        names = self.env.reset_state_names
+        names, extra = self.env.reset_state_names, self.env.extra_episodes
         for i in envs:
             self._finish(int(i))
-            self._open(int(i), f"{self.name}_{names[i]}")
+            if not extra[i]:  # an episode that only fills the batch gets no file
+                self._open(int(i), f"{self.name}_{names[i]}")
 
     def close(self) -> None:
         try:

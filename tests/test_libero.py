@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from envs.libero import SUITE_MAX_STEPS, LiberoEnv, check_config
+from envs.libero import ASSET_FOLDERS, SUITE_MAX_STEPS, LiberoEnv, check_config
 from envs.vector_env import EnvSetupError, load_env_config, make_vector_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,10 +233,7 @@ def test_per_episode_videos_are_named_by_task_and_init_state(tmp_path):
                                          ("libero_goal", 10), ("libero_10", 10),
                                          ("libero_90", 90), ("libero_130", 130)])
 def test_suites_tasks_init_states_and_limits(suite, tasks, tmp_path):
-    assets = tmp_path / "assets"  # folders only: the suites' meshes are not available here
-    for folder in ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
-                   "turbosquid_objects", "articulated_objects"):
-        (assets / folder).mkdir(parents=True)
+    assets = stand_in_assets(tmp_path / "assets")
     cfg = load_env_config(suite, [f"init_params.assets_path={assets}"])
     setup = check_config(cfg)
     assert len(setup.tasks) == tasks and setup.num_states == 50
@@ -253,10 +250,7 @@ def test_held_out_init_states_are_disjoint_and_reported(tmp_path):
 
     from embodied.runner import shared_reset_states
 
-    assets = tmp_path / "assets"
-    for folder in ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
-                   "turbosquid_objects", "articulated_objects"):
-        (assets / folder).mkdir(parents=True)
+    assets = stand_in_assets(tmp_path / "assets")
     common = [f"init_params.assets_path={assets}"]
     train = load_env_config("libero_spatial", common + ["init_params.init_state_range=[0,40]"])
     held_out = load_env_config("libero_spatial", common + ["init_params.init_state_range=[40,50]"])
@@ -280,10 +274,7 @@ def test_held_out_init_states_are_disjoint_and_reported(tmp_path):
     (["+init_params.camera=1"], "env.init_params: unknown keys ['camera']"),
 ])
 def test_bad_env_configs_name_the_key(overrides, message, tmp_path):
-    assets = tmp_path / "assets"
-    for folder in ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
-                   "turbosquid_objects", "articulated_objects"):
-        (assets / folder).mkdir(parents=True)
+    assets = stand_in_assets(tmp_path / "assets")
     cfg = load_env_config("libero_spatial", [f"init_params.assets_path={assets}", *overrides])
     with pytest.raises(EnvSetupError) as err:
         check_config(cfg)
@@ -302,17 +293,88 @@ def test_bad_bddl_files_and_missing_assets_name_the_file(tmp_path):
         check_config(config(f"init_params.assets_path={tmp_path / 'assets'}"))
 
 
-def embodied(command: str, *args: str) -> subprocess.CompletedProcess:
+def embodied(command: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "embodied", command, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
-def test_bad_libero_config_exits_2_before_workers_start():
+def stand_in_assets(folder: Path) -> Path:
+    """The asset folder layout LIBERO's suites need, without the meshes (not available here):
+    enough for config checks, never for building a suite's scene."""
+    for name in ASSET_FOLDERS:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize("command,name,envs,steps,chunks", [
+    ("train", "libero_spatial_ppo_openvla_oft", 32, 220, 28),
+    ("train", "libero_10_grpo_openvla_oft", 64, 520, 65),
+    ("eval", "libero_spatial_eval_openvla_oft", 32, 220, 28),
+])
+def test_openvla_oft_configs_dry_run(command, name, envs, steps, chunks, tmp_path):
+    (tmp_path / "trainer_state.json").write_text("{}")
+    done = embodied(command, "--config-name", name, "--dry-run", f"runner.ckpt_path={tmp_path}",
+                    LIBERO_ASSETS_PATH=str(stand_in_assets(tmp_path / "assets")))
+    assert done.returncode == 0, done.stderr
+    suite = name.split("_")[0] + "_" + name.split("_")[1]
+    assert f"env.eval: libero {suite}, {envs} envs, {steps} steps/episode" in done.stdout
+    assert f"rollout: {chunks} chunk steps of 8 action(s)" in done.stdout
+
+
+def test_bad_libero_config_exits_2_before_workers_start(tmp_path):
+    assets = str(stand_in_assets(tmp_path / "assets"))
     done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "env.train.init_params.task_ids=[12]")
+                    "env.train.init_params.task_ids=[12]", LIBERO_ASSETS_PATH=assets)
     assert done.returncode == 2
-    assert "env.train: env.init_params.task_ids=[12]" in done.stderr
-    done = embodied("eval", "--config-name", "libero_spatial_eval_openvla_oft", "--dry-run",
-                    "env.eval.init_params.assets_path=/nonexistent", "runner.ckpt_path=/tmp")
-    assert done.returncode == 2 and "/nonexistent does not exist" in done.stderr
+    assert "env.train: env.init_params.task_ids=[12]: expected distinct task indices in [0, 10)" in done.stderr
+    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
+                    "env.eval.init_params.assets_path=/nonexistent", LIBERO_ASSETS_PATH=assets)
+    assert done.returncode == 2 and "env.eval: LIBERO assets: /nonexistent does not exist" in done.stderr
+    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
+                    "env.eval.auto_reset=true", LIBERO_ASSETS_PATH=assets)
+    assert done.returncode == 2 and "env.eval.auto_reset = True: expected false" in done.stderr
+
+
+@pytest.mark.slow
+def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
+    """embodied-train for one step, then embodied-eval with each_reset_state_once: 2 tasks x 3
+    held-out init states = 6 episodes on 4 envs (2 env workers), so 2 rounds with 2 extra
+    episodes that count nowhere; per-task counts, the overlap report and one video per episode."""
+    files = ",".join(map(str, [BDDL, ketchup_task(tmp_path)]))
+    env = [f"init_params.bddl_files=[{files}]", f"init_params.assets_path={DATA / 'assets'}",
+           "task_suite_name=null", "init_params.camera_heights=32", "init_params.camera_widths=32",
+           "init_params.wrist_camera=null", "init_params.num_settle_steps=2", "max_episode_steps=4"]
+    configs = tmp_path / "config"  # the project's configs plus an MLP-on-LIBERO experiment
+    configs.mkdir()
+    for name in ("base.yaml", "env", "model"):
+        (configs / name).symlink_to(ROOT / "config" / name)
+    (configs / "libero_mlp.yaml").write_text((ROOT / "config" / "maniskill_ppo_mlp.yaml").read_text()
+                                             .replace("env/maniskill_push_cube@", "env/libero_base@"))
+    args = ["--config-path", str(configs), "--config-name", "libero_mlp",
+            *[f"env.train.{o}" for o in env], *[f"env.eval.{o}" for o in env],
+            "env.train.init_params.init_state_range=[0,3]", "env.eval.init_params.init_state_range=[3,6]",
+            "env.train.total_num_envs=2", "env.train.auto_reset=false", "env.eval.total_num_envs=4",
+            "env.eval.each_reset_state_once=true", "env.eval.use_fixed_reset_state_ids=false",
+            "actor.model.state_dim=8", "actor.model.action_dim=7", "actor.model.num_action_chunks=2",
+            "actor.global_batch_size=4", "actor.micro_batch_size=4", "algorithm.update_epochs=1",
+            f"runner.output_dir={tmp_path}", "runner.experiment_name=libero", "runner.max_epochs=1",
+            "runner.val_check_interval=-1"]
+    done = embodied("train", *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    videos = tmp_path / "videos"
+    done = embodied("eval", *args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
+                    "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
+                    f"env.eval.video_cfg.video_base_dir={videos}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    soup, ketchup = (t.replace(" ", "_") for t in (SOUP, KETCHUP))
+    assert result["episodes"] == 6 and result["reset_states_shared_with_train"] == 0
+    assert {t: v["episodes"] for t, v in result["tasks"].items()} == {soup: 3, ketchup: 3}
+    assert f"  {soup}: success 0.000 over 3 episodes" in done.stdout.splitlines()
+    assert "  train and eval reset states are disjoint" in done.stdout.splitlines()
+    # one file per episode, by task and init state: every (task, init state 3..5) exactly once
+    names = sorted(p.name.split("_stage0_")[1][:14] for p in videos.iterdir())
+    assert names == sorted(f"task{t:03d}_init{k:02d}" for t in (0, 1) for k in (3, 4, 5))
+    frames = np.stack(imageio.mimread(next(videos.iterdir()), memtest=False))
+    assert frames.shape == (3, 32, 32, 3)  # the reset and two 2-step chunks
