@@ -155,6 +155,8 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
         if env.each_reset_state_once and env.auto_reset:
             _fail(f"env.{split}.auto_reset", True, f"false with env.{split}.each_reset_state_once "
                   "(one episode per env and round)")
+        if env.env_type == "libero" and cfg.actor.model.model_type == "openvla_oft":
+            _libero_gripper(cfg.actor.model, env, split)
         if env.env_type in ENV_CHECKS:  # the adapter's own checks: suite, files, assets
             try:
                 ENV_CHECKS.get(env.env_type)(env)
@@ -192,6 +194,21 @@ def _validate_embodied(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
               "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")
+
+
+def _libero_gripper(model: DictConfig, env: DictConfig, split: str) -> None:
+    """OpenVLA-OFT's gripper output must be what the LIBERO env takes: LIBERO's datasets store
+    the gripper as [0 close, 1 open]; ``normalize_gripper`` makes that -1/+1 (+1 open) and
+    ``invert_gripper`` flips it, so the env's ``gripper_open_action`` must be -1 with the flip."""
+    if not model.normalize_gripper:
+        _fail("actor.model.normalize_gripper", False, "true with env_type libero (LIBERO's gripper "
+              "takes -1/+1; the model predicts the dataset's [0, 1])")
+    opens = -1 if model.invert_gripper else 1
+    given = env.init_params.get("gripper_open_action")
+    if given != opens:
+        _fail(f"env.{split}.init_params.gripper_open_action", given,
+              f"{opens} with actor.model.invert_gripper={model.invert_gripper} (the model's "
+              f"action that opens the gripper)")
 
 
 def devices_per_node(cfg: DictConfig) -> tuple[int, str]:

@@ -334,6 +334,16 @@ def test_bad_libero_config_exits_2_before_workers_start(tmp_path):
     done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
                     "env.eval.auto_reset=true", LIBERO_ASSETS_PATH=assets)
     assert done.returncode == 2 and "env.eval.auto_reset = True: expected false" in done.stderr
+    # the policy's gripper convention must be the env's
+    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
+                    "actor.model.invert_gripper=false", LIBERO_ASSETS_PATH=assets)
+    assert done.returncode == 2
+    assert ("env.train.init_params.gripper_open_action = -1: expected 1 with "
+            "actor.model.invert_gripper=False") in done.stderr
+    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
+                    "actor.model.invert_gripper=false", "env.train.init_params.gripper_open_action=1",
+                    "env.eval.init_params.gripper_open_action=1", LIBERO_ASSETS_PATH=assets)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.slow
