@@ -33,8 +33,9 @@ checkpoint), which then resets into exactly the episodes this one would have sta
 - An unbounded set of reset states (``num_reset_states`` None, e.g. seeds) is drawn at random.
 - A finite set of ``N`` states is visited evenly: the streams of all ``total_num_envs`` envs
   (``S`` of them) take turns through one sequence of random permutations of the ``N`` states,
-  stream ``s``'s episode ``k`` taking position ``k * S + s``; so every state is visited once per
-  ``N`` episodes the run starts, whatever the number of envs.
+  stream ``s``'s episode ``k`` taking position ``k * S + s``; so each block of ``N`` positions
+  starts every state once, whatever the number of envs (exactly even whenever all streams have
+  started equally many episodes, as without auto-reset; within a cycle otherwise).
 - ``each_reset_state_once`` (the eval protocol, also for "every held-out prompt once"): the
   ``N`` states are split into contiguous runs over the streams, ``rounds = ceil(N / S)``
   episodes each, so that episodes ``0 .. rounds - 1`` of all envs together start every state
