@@ -58,6 +58,7 @@ class Runner:
         self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(actor_ranks))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
         self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
+        self.shared_reset_states = shared_reset_states(cfg)  # for the eval reports
         self.step, self.env_steps = 0, 0
 
     # ---------------------------------------------------------------- training
@@ -70,7 +71,7 @@ class Runner:
             self.sync_weights()
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
-            _print_eval("eval before training", metrics)
+            _print_eval("eval before training", metrics, self.shared_reset_states)
             summary["eval_success_before"] = metrics["eval/success_once"]
         with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
             while self.step < last:
@@ -79,7 +80,7 @@ class Runner:
                 if cfg.val_check_interval > 0 and (self.step % cfg.val_check_interval == 0 or self.step == last):
                     self.sync_weights()  # evaluate this step's update, as its checkpoint holds it
                     metrics.update(self.evaluate())
-                    _print_eval(f"eval at step {self.step}", metrics)
+                    _print_eval(f"eval at step {self.step}", metrics, self.shared_reset_states)
                     summary["eval_success"] = metrics["eval/success_once"]
                 self.logger.log(metrics, self.step)
                 if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
@@ -165,7 +166,7 @@ class Runner:
         metrics = self.evaluate()
         self.logger.log(metrics, checkpoint.read_trainer_state(folder)["step"])
         env = self.cfg.env.eval
-        shared = shared_reset_states(self.cfg)
+        shared = self.shared_reset_states
         _print_eval(f"eval of {folder} ({env.init_params.get('id', env.task_suite_name or '')})",
                     metrics, shared)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
