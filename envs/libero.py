@@ -319,8 +319,9 @@ class LiberoEnv:
             self.env = OffScreenRenderEnv(
                 bddl_file_name=task.bddl_file, camera_names=self.cameras,
                 camera_heights=p["camera_heights"], camera_widths=p["camera_widths"],
-                # the vector env owns time limits; the init state fully sets the scene, so the
-                # model need not be rebuilt from XML at every reset (1.2 s vs 0.04 s here)
+                # the vector env owns time limits; soft resets (0.04 s instead of 1.2 s to
+                # rebuild from XML here) give the states of LIBERO's own hard reset exactly
+                # (tests/test_libero.py), with the gripper command cleared in reset()
                 ignore_done=True, hard_reset=False)
         except ValueError as err:
             if "camera" in str(err).lower():
