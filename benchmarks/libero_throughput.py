@@ -14,9 +14,9 @@ without LIBERO's full assets) with the same camera size and random 7-d actions:
 - cameras: LIBERO's env renders every camera it was built with; ours renders only those the
   policy consumes, so a one-image policy (``wrist_camera: null``) skips the wrist render.
 
-Every repeat measures every pair of configurations in the order A B B A (each figure of the
-repeat is the mean of its two halves), so that both sides of a ratio share the machine's load of
-that moment; the table holds medians over repeats and ratios are medians of per-repeat ratios.
+Each pair of configurations is built, measured and closed in turn (LIBERO processes take
+about 1 GB each); every repeat measures the pair in the order A B B A (each figure the mean of
+its two halves), so that both sides of a ratio share the machine's load of that moment; the table holds medians over repeats and ratios are medians of per-repeat ratios.
 Resets are not timed (every run steps from one init state).
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/libero_throughput.py
@@ -104,54 +104,55 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     multi = [n for n in args.envs if n > 1]
-    # LIBERO's SubprocVectorEnv forks: start its children before this process renders anything
+    half = args.steps // 2
     from libero.libero.envs import SubprocVectorEnv as LiberoSubproc
 
-    theirs = {n: LiberoSubproc([functools.partial(libero_env, args.size, CAMERAS)] * n)
-              for n in multi}
-    ours = {n: make_vector_env(ours_cfg(True, n), num_envs=n) for n in args.envs}
-    default = {n: make_vector_env(ours_cfg(True), num_envs=n) for n in multi
-               if n > (os.cpu_count() or 1)}  # fewer processes than envs
-    main_only = make_vector_env(ours_cfg(False), num_envs=1)
-    raw = libero_env(args.size, CAMERAS)
+    # (label, factory, rate) pairs; each pair is built, measured and closed before the next, so
+    # that at most one pair's processes (about 1 GB each) are alive at a time
+    def libero_subproc(n):
+        return (f"libero_subproc {n}", lambda: LiberoSubproc(
+            [functools.partial(libero_env, args.size, CAMERAS)] * n),
+            lambda env: libero_subproc_rate(env, n, half, rng))
+
+    def ours(label, n, wrist=True, processes=None):
+        return (label, lambda: make_vector_env(ours_cfg(wrist, processes), num_envs=n),
+                lambda env: ours_rate(env, half, args.chunk, rng))
+
+    raw = ("raw 1", lambda: libero_env(args.size, CAMERAS), lambda env: raw_rate(env, half, rng))
+    pairs = [(raw, ours("ours 1", 1)),
+             (ours("ours 1 main camera only", 1, wrist=False), ours("ours 1 (vs main only)", 1))]
+    for n in multi:
+        # LIBERO's SubprocVectorEnv forks: built first, before this process renders in the pair
+        pairs.append((libero_subproc(n), ours(f"ours {n}", n, processes=n)))
+        if n > (os.cpu_count() or 1):  # ours with its default of fewer processes than envs
+            pairs.append(((f"libero_subproc {n} (vs default)", *libero_subproc(n)[1:]),
+                          ours(f"ours {n} default processes", n)))
     rates: dict[str, list[float]] = {}
-
-    def record(label: str, value: float) -> None:
-        rates.setdefault(label, []).append(value)
-
-    try:
-        for env in [*ours.values(), *default.values(), main_only]:
-            env.reset()
-        half = args.steps // 2
-        pairs = [("raw 1", lambda: raw_rate(raw, half, rng),
-                  "ours 1", lambda: ours_rate(ours[1], half, args.chunk, rng)),
-                 ("ours 1 main camera only", lambda: ours_rate(main_only, half, args.chunk, rng),
-                  "ours 1 (vs main only)", lambda: ours_rate(ours[1], half, args.chunk, rng))]
-        pairs += [(f"libero_subproc {n}", functools.partial(libero_subproc_rate, theirs[n], n, half, rng),
-                   f"ours {n}", functools.partial(ours_rate, ours[n], half, args.chunk, rng))
-                  for n in multi]
-        pairs += [(f"libero_subproc {n} (vs default)",
-                   functools.partial(libero_subproc_rate, theirs[n], n, half, rng),
-                   f"ours {n} default processes",
-                   functools.partial(ours_rate, default[n], half, args.chunk, rng)) for n in default]
-        for _ in range(args.repeats + 1):  # the first round warms up (JIT, caches) and is dropped
-            for label_a, a, label_b, b in pairs:
-                a1, b1, b2, a2 = a(), b(), b(), a()
-                record(label_a, (a1 + a2) / 2)
-                record(label_b, (b1 + b2) / 2)
-    finally:
-        for env in [*ours.values(), *default.values(), main_only]:
-            env.close()
-        for venv in theirs.values():
-            venv.close()
-        raw.close()
-    rates = {k: v[1:] for k, v in rates.items()}
+    for (label_a, make_a, rate_a), (label_b, make_b, rate_b) in pairs:
+        a = make_a()
+        try:
+            b = make_b()
+            try:
+                if label_b.startswith("ours"):
+                    b.reset()
+                if label_a.startswith("ours"):
+                    a.reset()
+                for r in range(args.repeats + 1):  # round 0 warms up (JIT, caches), dropped
+                    a1, b1, b2, a2 = rate_a(a), rate_b(b), rate_b(b), rate_a(a)
+                    if r:
+                        rates.setdefault(label_a, []).append((a1 + a2) / 2)
+                        rates.setdefault(label_b, []).append((b1 + b2) / 2)
+            finally:
+                b.close()
+        finally:
+            a.close()
 
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
 
     print(f"LIBERO {BDDL.stem}, 2 cameras {args.size}x{args.size}, chunks of {args.chunk}, "
           f"{args.steps} steps/env x {args.repeats} repeats (medians; env steps/s)")
+    default = [n for n in multi if n > (os.cpu_count() or 1)]
     print(f"{'envs':>5} {'LIBERO plain loop':>18} {'LIBERO SubprocVectorEnv':>24} {'ours':>7} {'ours/LIBERO':>12}")
     print(f"{1:>5} {statistics.median(rates['raw 1']):>18.1f} {'':>24} "
           f"{statistics.median(rates['ours 1']):>7.1f} {ratio('ours 1', 'raw 1'):>12.3f}")
