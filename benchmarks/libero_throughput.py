@@ -119,14 +119,16 @@ def main() -> None:
                 lambda env: ours_rate(env, half, args.chunk, rng))
 
     raw = ("raw 1", lambda: libero_env(args.size, CAMERAS), lambda env: raw_rate(env, half, rng))
-    pairs = [(raw, ours("ours 1", 1)),
-             (ours("ours 1 main camera only", 1, wrist=False), ours("ours 1 (vs main only)", 1))]
+    # LIBERO's SubprocVectorEnv forks this process: its pairs come first, before this process
+    # renders anything (a child forked after EGL was initialized here hangs)
+    pairs = []
     for n in multi:
-        # LIBERO's SubprocVectorEnv forks: built first, before this process renders in the pair
         pairs.append((libero_subproc(n), ours(f"ours {n}", n, processes=n)))
         if n > (os.cpu_count() or 1):  # ours with its default of fewer processes than envs
             pairs.append(((f"libero_subproc {n} (vs default)", *libero_subproc(n)[1:]),
                           ours(f"ours {n} default processes", n)))
+    pairs += [(raw, ours("ours 1", 1)),
+              (ours("ours 1 main camera only", 1, wrist=False), ours("ours 1 (vs main only)", 1))]
     rates: dict[str, list[float]] = {}
     for (label_a, make_a, rate_a), (label_b, make_b, rate_b) in pairs:
         a = make_a()
