@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from embodied.config import ConfigError, compose, training_steps
+from embodied.config import ConfigError, chunk_steps, compose, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
 
@@ -46,7 +46,7 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
             )
         chunks = model.num_action_chunks
         lines.append(
-            f"rollout: {cfg.env.train.max_episode_steps // chunks} chunk steps of {chunks} action(s), "
+            f"rollout: {chunk_steps(cfg.env.train.max_episode_steps, chunks)} chunk steps of {chunks} action(s), "
             f"{cfg.rollout.pipeline_stage_num} pipeline stage(s), sampling={model.do_sample}"
         )
     else:

@@ -152,5 +152,12 @@ def training_steps(runner_cfg: Any) -> int:
     return runner_cfg.max_steps if runner_cfg.max_steps > 0 else runner_cfg.max_epochs
 
 
+def chunk_steps(max_episode_steps: int, num_action_chunks: int) -> int:
+    """Chunk steps of an episode: enough whole chunks for ``max_episode_steps`` env steps. When
+    the limit is not a multiple of the chunk (LIBERO-Spatial's 220 with chunks of 8), the env
+    truncates the episode inside its last chunk and the rest of that chunk is ignored."""
+    return -(-max_episode_steps // num_action_chunks)
+
+
 def to_yaml(cfg: DictConfig | ListConfig) -> str:
     return OmegaConf.to_yaml(cfg)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from embodied import checkpoint
 from embodied.channel import Channel, sweep_dead_channels
 from embodied.cluster import Cluster
-from embodied.config import training_steps
+from embodied.config import chunk_steps, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.worker import GroupCall, WorkerError, WorkerGroup
@@ -55,13 +55,14 @@ class Runner:
             if group is not None:
                 print(group.describe(), flush=True)
         chunks = cfg.actor.model.num_action_chunks
-        self.train_chunk_steps = cfg.env.train.max_episode_steps // chunks
-        self.eval_chunk_steps = cfg.env.eval.max_episode_steps // chunks
+        self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
+        self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
         rollout_ranks = plan.world_size("rollout")
         pieces = replay_pieces(rollout_ranks, actor_ranks, cfg.env.train.total_num_envs // rollout_ranks)
         self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(actor_ranks))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
         self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
+        self.shared_reset_states = shared_reset_states(cfg)  # for the eval reports
         self.step, self.env_steps = 0, 0
 
     # ---------------------------------------------------------------- training
@@ -75,7 +76,7 @@ class Runner:
             metrics = self.evaluate()
             self.logger.log(metrics, 0)
             self._log_samples(0)
-            _print_eval("eval before training", metrics)
+            _print_eval("eval before training", metrics, self.shared_reset_states)
             summary["eval_success_before"] = metrics["eval/success_once"]
         with tqdm(total=last, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
             while self.step < last:
@@ -85,7 +86,7 @@ class Runner:
                     self.sync_weights()  # evaluate this step's update, as its checkpoint holds it
                     metrics.update(self.evaluate())
                     self._log_samples(self.step)
-                    _print_eval(f"eval at step {self.step}", metrics)
+                    _print_eval(f"eval at step {self.step}", metrics, self.shared_reset_states)
                     summary["eval_success"] = metrics["eval/success_once"]
                 self.logger.log(metrics, self.step)
                 if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
@@ -149,12 +150,17 @@ class Runner:
 
     # -------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
-        """Greedy episodes on the eval envs; success, return and length per episode."""
+        """Greedy episodes on the eval envs; success, return and length per episode. With
+        ``env.eval.each_reset_state_once`` as many rounds of episodes as it takes to start every
+        reset state once (e.g. every LIBERO task x init state), whatever the number of envs."""
         tic = time.monotonic()
         self._turn(self.rollout, self.env)
-        env_call = self.env.execute("interact", "eval", self.eval_chunk_steps)
-        self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
-        metrics = _merge_ranks(env_call.wait())
+        per_round = []
+        for r in range(max(self.env.execute("rounds", "eval").wait())):
+            env_call = self.env.execute("interact", "eval", self.eval_chunk_steps, r == 0)
+            self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
+            per_round += env_call.wait()
+        metrics = _merge_ranks(per_round)
         metrics["time/eval"] = time.monotonic() - tic
         return metrics
 
@@ -171,9 +177,12 @@ class Runner:
         metrics = self.evaluate()
         self.logger.log(metrics, step)
         self._log_samples(step)
-        _print_eval(f"eval of {source} ({self.cfg.env.eval.init_params.get('id', '')})", metrics)
+        env = self.cfg.env.eval
+        shared = self.shared_reset_states
+        _print_eval(f"eval of {source} ({env.init_params.get('id', env.task_suite_name or '')})",
+                    metrics, shared)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
-                "tasks": _per_task(metrics)} | self._totals()
+                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared} | self._totals()
 
     def _log_samples(self, step: int) -> None:
         """Example responses of the last evaluation, from envs that keep them (text envs)."""
@@ -264,12 +273,26 @@ def _per_task(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
             for t in tasks}
 
 
-def _print_eval(title: str, metrics: dict[str, float]) -> None:
-    """The overall success, then one line per task (through tqdm, so a progress bar stays intact)."""
+def shared_reset_states(cfg: DictConfig) -> int | None:
+    """How many of the eval envs' reset states (e.g. LIBERO task x init state) the training envs
+    also start from: 0 means disjoint; None when a split's states are unbounded seeds drawn at
+    random, which cannot be listed."""
+    from envs.vector_env import reset_state_names
+
+    train, evals = reset_state_names(cfg.env.train), reset_state_names(cfg.env.eval)
+    return None if train is None or evals is None else len(set(train) & set(evals))
+
+
+def _print_eval(title: str, metrics: dict[str, float], shared: int | None = None) -> None:
+    """The overall success, then one line per task (through tqdm, so a progress bar stays
+    intact), and when known whether the eval's reset states were also trained on."""
     episodes = int(metrics["eval/episodes"])
     lines = [f"{title}: success {metrics['eval/success_once']:.3f} over {episodes} episodes"]
     lines += [f"  {task}: success {t['success']:.3f} over {t['episodes']} episodes"
               for task, t in _per_task(metrics).items()]
+    if shared is not None:
+        lines.append("  train and eval reset states are disjoint" if shared == 0 else
+                     f"  {shared} eval reset states are also training reset states (overlap)")
     tqdm.write("\n".join(lines))
 
 

@@ -14,10 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from embodied import checkpoint
 from embodied.algorithms.losses import LOSS_AGG_FUNCS
-from embodied.config import CONFIG_DIR, ConfigError
+from embodied.config import CONFIG_DIR, ConfigError, chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from embodied.training_options import DTYPES, OPTIMIZERS
-from envs import ENVS
+from envs import ENV_CHECKS, ENVS
+from envs.vector_env import EnvSetupError
 from policies import POLICIES
 
 LOGGER_BACKENDS = ("tensorboard", "wandb", "swanlab")
@@ -272,9 +273,16 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}.env_type", env.env_type, f"one of {ENVS.names()}")
         for key, low in ENV_RANGES.items():
             _range(cfg, f"env.{split}.{key}", low, True, None)
-        if env.max_episode_steps % chunks:
-            _fail(f"env.{split}.max_episode_steps", env.max_episode_steps,
-                  f"a multiple of actor.model.num_action_chunks ({chunks})")
+        if env.each_reset_state_once and env.auto_reset:
+            _fail(f"env.{split}.auto_reset", True, f"false with env.{split}.each_reset_state_once "
+                  "(one episode per env and round)")
+        if env.env_type == "libero" and cfg.actor.model.model_type == "openvla_oft":
+            _libero_gripper(cfg.actor.model, env, split)
+        if env.env_type in ENV_CHECKS:  # the adapter's own checks: suite, files, assets
+            try:
+                ENV_CHECKS.get(env.env_type)(env)
+            except EnvSetupError as err:
+                raise ConfigError(f"env.{split}: {err}") from None
         unit = env_ranks * stages * env.group_size
         if env.total_num_envs % unit:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
@@ -302,11 +310,26 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
               "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
               "trajectories only after the whole rollout")
-    samples = train.total_num_envs * (train.max_episode_steps // chunks) * cfg.algorithm.rollout_epoch
+    samples = train.total_num_envs * chunk_steps(train.max_episode_steps, chunks) * cfg.algorithm.rollout_epoch
     if samples % cfg.actor.global_batch_size:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
-              "max_episode_steps / num_action_chunks x algorithm.rollout_epoch)")
+              "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")
+
+
+def _libero_gripper(model: DictConfig, env: DictConfig, split: str) -> None:
+    """OpenVLA-OFT's gripper output must be what the LIBERO env takes: LIBERO's datasets store
+    the gripper as [0 close, 1 open]; ``normalize_gripper`` makes that -1/+1 (+1 open) and
+    ``invert_gripper`` flips it, so the env's ``gripper_open_action`` must be -1 with the flip."""
+    if not model.normalize_gripper:
+        _fail("actor.model.normalize_gripper", False, "true with env_type libero (LIBERO's gripper "
+              "takes -1/+1; the model predicts the dataset's [0, 1])")
+    opens = -1 if model.invert_gripper else 1
+    given = env.init_params.get("gripper_open_action")
+    if given != opens:
+        _fail(f"env.{split}.init_params.gripper_open_action", given,
+              f"{opens} with actor.model.invert_gripper={model.invert_gripper} (the model's "
+              f"action that opens the gripper)")
 
 
 def refuse_unsupported(cfg: DictConfig) -> None:

@@ -28,8 +28,9 @@ class EpisodeStats:
         self._tasks: list[str] = []
 
     def update(self, infos: dict[str, Any]) -> int:
-        """Record the episodes that ended in this chunk (``infos["done"]``); returns how many."""
-        done = np.asarray(infos["done"], bool)
+        """Record the episodes that ended in this chunk (``infos["done"]``), except extra
+        episodes that only fill a batch (``infos["extra_episode"]``); returns how many."""
+        done = np.asarray(infos["done"], bool) & ~np.asarray(infos.get("extra_episode", False), bool)
         for field, key in _SOURCES.items():
             self._episodes[field].extend(np.asarray(infos[key], np.float64)[done].tolist())
         self._tasks.extend(task_key(t) for t, d in zip(infos["task_descriptions"], done) if d)

@@ -286,6 +286,10 @@ class ManiSkillVectorEnv(VectorEnv):
         if isinstance(init_params, DictConfig):
             init_params = OmegaConf.to_container(init_params, resolve=True)
         p = check_params(init_params)
+        if env_cfg.get("task_suite_name") is not None:
+            raise EnvSetupError(f"env.task_suite_name={env_cfg['task_suite_name']!r} is not "
+                                "supported for env_type maniskill, because it names LIBERO "
+                                "suites; ManiSkill's task is init_params.id")
         options = read_options(env_cfg, num_envs, seed_offset)
         steps = options["max_episode_steps"]
         render = bool(env_cfg["video_cfg"]["save_video"]) and p["obs_mode"] == "state"

@@ -42,7 +42,7 @@ class SingleEnv(Protocol):
     obs_spec: ObsSpec  # observation key -> (shape without batch, dtype)
     action_dim: int
     num_reset_states: int | None
-    task_description: str
+    task_description: str  # the task of the current episode (may change at a reset)
 
     def reset(self, state_id: int) -> None: ...
 
@@ -105,7 +105,8 @@ def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any) ->
                 for j, state in np.frombuffer(payload, np.int64).reshape(-1, 2):
                     envs[j].reset(int(state))
                     touched.append(int(j))
-                reply = b""
+                # a reset may start another task (LIBERO): its description goes back
+                reply = "\0".join(envs[j].task_description for j in touched).encode()
             else:  # CHUNK: actions [block, C, A] float32
                 actions = np.frombuffer(payload, np.float32).reshape(len(envs), -1, envs[0].action_dim)
                 reply = np.array([[env.step(a) for a in chunk] for env, chunk in zip(envs, actions)],
@@ -235,9 +236,10 @@ class SubprocVectorEnv:
             pairs = [(j, state[e]) for j, e in enumerate(block.tolist()) if e in state]
             if pairs:
                 self._res.conns[i].send_bytes(RESET + np.array(pairs, np.int64).tobytes())
-                busy.append(i)
-        for i in busy:
-            self._recv(i)
+                busy.append((i, [int(block[j]) for j, _ in pairs]))
+        for i, envs in busy:
+            for e, text in zip(envs, self._recv(i).decode().split("\0")):
+                self.task_descriptions[e] = text
         return self._copy_obs()
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
@@ -291,6 +293,7 @@ class InProcessEnv:
     def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
         if len(env_ids):
             self.env.reset(int(state_ids[0]))
+            self.task_descriptions = [self.env.task_description]
         return self._obs()
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,

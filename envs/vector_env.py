@@ -13,21 +13,36 @@ Chunk semantics (``chunk_step(actions[B, C, A])``):
 - ``infos`` describe each env's episode as it stood at the end of the chunk, before any reset:
   ``success`` (at the episode's last step so far), ``success_once`` (at any step),
   ``episode_return`` (sum of the rewards returned), ``episode_length`` (env steps), ``done``
-  (the episode ended in this chunk) and ``task_descriptions`` (each env's task). For a finished
+  (the episode ended in this chunk), ``extra_episode`` (see reset states below) and
+  ``task_descriptions`` (each env's task). For a finished
   env these are the final episode's figures.
 - With ``auto_reset`` the finished envs are reset once, after the chunk; the returned
   observation is then the new episode's first one and ``infos["final_obs"]`` holds the whole
   batch's observation before that reset. Without it a finished env idles (still simulated,
   reward 0, never done again, figures frozen) until the next ``reset()``.
 
-Reset states: a reset state id picks an episode's initial state (a seed for ManiSkill, an init
-state for LIBERO). Without explicit ids each env draws its next id from a stream keyed by
+Reset states: a reset state id picks an episode's initial state (a seed for ManiSkill, a
+(task, init state) pair for LIBERO). Without explicit ids each env's next id is a function of
 ``(seed, stream, episode number)``, where the stream is the env's global index
 (``seed_offset + i``), or its group's index with ``use_fixed_reset_state_ids`` so that every
 env of a group starts each episode from the same state, also after auto-resets. The episode
 numbers are the only state that decides future reset states: ``next_episodes`` reads them and
 ``set_next_episodes`` hands them to a rebuilt env (after offloading, or a restart from a
 checkpoint), which then resets into exactly the episodes this one would have started.
+
+- An unbounded set of reset states (``num_reset_states`` None, e.g. seeds) is drawn at random.
+- A finite set of ``N`` states is visited evenly: the streams of all ``total_num_envs`` envs
+  (``S`` of them) take turns through one sequence of random permutations of the ``N`` states,
+  stream ``s``'s episode ``k`` taking position ``k * S + s``; so each block of ``N`` positions
+  starts every state once, whatever the number of envs (exactly even whenever all streams have
+  started equally many episodes, as without auto-reset; within a cycle otherwise).
+- ``each_reset_state_once`` (the eval protocol, also for "every held-out prompt once"): the
+  ``N`` states are split into contiguous runs over the streams, ``rounds = ceil(N / S)``
+  episodes each, so that episodes ``0 .. rounds - 1`` of all envs together start every state
+  exactly once (ordered, so that a LIBERO env stays on one task for consecutive episodes).
+  Episodes past a stream's run repeat a state to keep the batch full and are flagged in
+  ``infos["extra_episode"]``, which ``EpisodeStats`` leaves out. Needs ``auto_reset: false``:
+  the caller runs ``rounds`` episodes per env, one per ``reset()``.
 
 Relative rewards: ``r'_t = r_t - r_{t-1}`` within an episode with ``r'_0 = 0``, so an episode's
 relative rewards sum to its last absolute reward minus its first; ``reward_coef`` multiplies after.
@@ -58,7 +73,7 @@ class BatchedSim(Protocol):
     num_envs: int
     action_dim: int
     num_reset_states: int | None  # reset state ids are in [0, num_reset_states); None: 2**31
-    task_descriptions: list[str]
+    task_descriptions: list[str]  # each env's task in its current episode (read after resets)
 
     def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Reset ``env_ids`` to ``state_ids``; returns the observation arrays of all envs."""
@@ -73,7 +88,8 @@ class BatchedSim(Protocol):
 
 
 _OPTIONS = ("auto_reset", "ignore_terminations", "use_fixed_reset_state_ids", "group_size",
-            "max_episode_steps", "use_rel_reward", "reward_coef", "seed")
+            "max_episode_steps", "use_rel_reward", "reward_coef", "seed", "total_num_envs",
+            "each_reset_state_once")
 
 
 def read_options(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> dict[str, Any]:
@@ -90,6 +106,13 @@ def read_options(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> dict[str,
 
 def check_options(options: dict[str, Any], num_envs: int, seed_offset: int) -> None:
     group_size, steps = options["group_size"], options["max_episode_steps"]
+    total = options.get("total_num_envs")
+    if total is not None and not (isinstance(total, int) and total >= seed_offset + num_envs):
+        raise EnvSetupError(f"env.total_num_envs={total!r} is smaller than the {seed_offset} + "
+                            f"{num_envs} envs built so far")
+    if options.get("each_reset_state_once") and options.get("auto_reset"):
+        raise EnvSetupError("env.each_reset_state_once runs one episode per env and reset(); "
+                            "it needs env.auto_reset: false")
     if not (isinstance(group_size, int) and group_size >= 1 and num_envs % group_size == 0):
         raise EnvSetupError(f"env.group_size={group_size!r} must be a positive divisor of the "
                             f"{num_envs} envs of this vector env")
@@ -105,11 +128,17 @@ class VectorEnv:
 
     def __init__(self, sim: BatchedSim, *, auto_reset: bool, ignore_terminations: bool,
                  use_fixed_reset_state_ids: bool, group_size: int, max_episode_steps: int,
-                 use_rel_reward: bool, reward_coef: float, seed: int, seed_offset: int = 0):
+                 use_rel_reward: bool, reward_coef: float, seed: int, seed_offset: int = 0,
+                 total_num_envs: int | None = None, each_reset_state_once: bool = False):
         n = sim.num_envs
         try:
             check_options(dict(group_size=group_size, max_episode_steps=max_episode_steps,
-                               use_fixed_reset_state_ids=use_fixed_reset_state_ids), n, seed_offset)
+                               use_fixed_reset_state_ids=use_fixed_reset_state_ids,
+                               total_num_envs=total_num_envs, auto_reset=auto_reset,
+                               each_reset_state_once=each_reset_state_once), n, seed_offset)
+            if each_reset_state_once and not sim.num_reset_states:
+                raise EnvSetupError("env.each_reset_state_once needs a finite set of reset "
+                                    "states; this env's are unbounded (seeds)")
         except BaseException:
             sim.close()
             raise
@@ -125,7 +154,14 @@ class VectorEnv:
         self.reward_coef = float(reward_coef)
         self.seed = int(seed)
         self.seed_offset = int(seed_offset)
+        self._finite = bool(sim.num_reset_states)
         self._num_states = sim.num_reset_states or 2**31
+        self.each_reset_state_once = bool(each_reset_state_once)
+        total = total_num_envs or seed_offset + n
+        self._num_streams = total // group_size if self.use_fixed_reset_state_ids else total
+        self._permutations: dict[int, np.ndarray] = {}
+        self._state_ids = np.zeros(n, np.int64)
+        self._extra = np.zeros(n, bool)
         self._episode_index = np.full(n, -1, np.int64)
         self._length = np.zeros(n, np.int32)
         self._return = np.zeros(n, np.float32)
@@ -139,10 +175,30 @@ class VectorEnv:
     def task_descriptions(self) -> list[str]:
         return list(self.sim.task_descriptions)
 
+    @property
+    def rounds(self) -> int:
+        """Episodes per env that start every reset state once (``each_reset_state_once``)."""
+        return -(-self._num_states // self._num_streams) if self.each_reset_state_once else 1
+
+    def reset_state_name(self, state_id: int) -> str:
+        """A reset state in words, for file names; adapters with named states override it."""
+        return f"state{state_id}"
+
+    @property
+    def extra_episodes(self) -> np.ndarray:
+        """Which envs run an extra episode (``each_reset_state_once``) since the last reset."""
+        return self._extra.copy()
+
+    @property
+    def reset_state_names(self) -> list[str]:
+        """The reset state each env's current episode started from."""
+        return [self.reset_state_name(int(s)) for s in self._state_ids]
+
     def reset(self, reset_state_ids: np.ndarray | list[int] | None = None) -> Obs:
         """Start a new episode in every env, from ``reset_state_ids`` (one per env) if given."""
         env_ids = np.arange(self.num_envs)
         self._episode_index += 1
+        self._extra[:] = False
         if reset_state_ids is None:
             state_ids = self._next_state_ids(env_ids)
         else:
@@ -152,6 +208,7 @@ class VectorEnv:
                 raise ValueError(f"reset_state_ids: expected {self.num_envs} integers in "
                                  f"[0, {self._num_states}), got {reset_state_ids!r}")
         obs = self.sim.reset(env_ids, state_ids)
+        self._state_ids[:] = state_ids
         self._start_episodes(env_ids)
         self._idle[:] = False
         self._started = True
@@ -205,13 +262,16 @@ class VectorEnv:
             "episode_return": self._return.copy(),
             "episode_length": self._length.copy(),
             "done": done,
+            "extra_episode": self._extra.copy(),
             "task_descriptions": list(self.sim.task_descriptions),
         }
         if self.auto_reset and done.any():
             infos["final_obs"] = self._with_tasks({k: v.copy() for k, v in obs.items()})
             env_ids = np.flatnonzero(done)
             self._episode_index[env_ids] += 1
-            obs = self.sim.reset(env_ids, self._next_state_ids(env_ids))
+            state_ids = self._next_state_ids(env_ids)
+            obs = self.sim.reset(env_ids, state_ids)
+            self._state_ids[env_ids] = state_ids
             self._start_episodes(env_ids)
         else:
             self._idle |= done
@@ -250,13 +310,28 @@ class VectorEnv:
         self._prev_reward[env_ids] = 0.0
 
     def _next_state_ids(self, env_ids: np.ndarray) -> np.ndarray:
+        """The reset states of these envs' current episode numbers (module docstring); flags
+        the extra episodes of ``each_reset_state_once``."""
         streams = self.seed_offset + env_ids
         if self.use_fixed_reset_state_ids:
             streams = streams // self.group_size
-        return np.array([
-            np.random.default_rng([self.seed, int(s), int(k)]).integers(self._num_states)
-            for s, k in zip(streams, self._episode_index[env_ids])
-        ], dtype=np.int64)
+        episodes = self._episode_index[env_ids]
+        n = self._num_states
+        if self.each_reset_state_once:
+            position = streams * self.rounds + episodes
+            self._extra[env_ids] = (episodes >= self.rounds) | (position >= n)
+            return position % n
+        if not self._finite:
+            return np.array([np.random.default_rng([self.seed, int(s), int(k)]).integers(n)
+                             for s, k in zip(streams, episodes)], dtype=np.int64)
+        position = episodes * self._num_streams + streams
+        return np.array([self._permutation(int(p) // n)[int(p) % n] for p in position], np.int64)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._permutations:
+            self._permutations = {epoch: np.random.default_rng([self.seed, epoch]).permutation(
+                self._num_states)} | {e: v for e, v in self._permutations.items() if e >= epoch - 1}
+        return self._permutations[epoch]
 
     def _with_tasks(self, obs: dict[str, np.ndarray]) -> Obs:
         return {**obs, "task_descriptions": list(self.sim.task_descriptions)}
@@ -280,6 +355,16 @@ def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str
             env.close()
             raise
     return env
+
+
+def reset_state_names(env_cfg: Any) -> list[str] | None:
+    """Every reset state an env config can start from, by name, when the adapter enumerates
+    them (LIBERO: suite, task and init state); None for unbounded seeds."""
+    from envs import ENV_CHECKS
+
+    if env_cfg["env_type"] not in ENV_CHECKS:
+        return None
+    return ENV_CHECKS.get(env_cfg["env_type"])(env_cfg).reset_state_names()
 
 
 def load_env_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:

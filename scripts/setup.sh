@@ -8,6 +8,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
 bash scripts/setup_vulkan.sh  # a CPU Vulkan device (Mesa 25 lavapipe) for ManiSkill
+bash scripts/setup_egl.sh     # headless OpenGL (EGL, OSMesa) for LIBERO's MuJoCo rendering
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
@@ -20,5 +21,6 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
 fi
-"${PIP[@]}" install -e ".[maniskill,vla,math,swanlab,wandb,dev]"
+"${PIP[@]}" install -e ".[maniskill,libero,vla,math,swanlab,wandb,dev]"
+bash scripts/setup_libero.sh "$VENV"
 echo "setup done: $VENV"

@@ -57,11 +57,20 @@ class EnvWorker(Worker):
         for env, part in zip(self.envs[split], np.split(numbers, self.stages)):
             env.set_next_episodes(part)
 
-    def interact(self, split: str, num_chunk_steps: int) -> dict[str, float]:
+    def rounds(self, split: str) -> int:
+        """Episodes per env (one per ``interact``) in which this worker's envs start every reset
+        state of their share once (``env.<split>.each_reset_state_once``); 1 otherwise."""
+        return max(env.rounds for env in self._build(split))
+
+    def interact(self, split: str, num_chunk_steps: int, first_round: bool = False) -> dict[str, float]:
         """Run ``num_chunk_steps`` chunk steps on every stage; returns episode statistics.
         Training envs with ``auto_reset`` carry on where the last call stopped; otherwise every
-        call starts fresh episodes."""
+        call starts fresh episodes. ``first_round`` with ``each_reset_state_once`` starts the
+        envs' episode numbering over, so that every evaluation covers the same reset states."""
         envs = self._build(split)
+        if first_round and self.cfg.env[split].each_reset_state_once:
+            for env in envs:
+                env.set_next_episodes(np.zeros(env.num_envs, np.int64))
         continue_episodes = split == "train" and self.cfg.env.train.auto_reset and split in self.last_obs
         obs = self.last_obs[split] if continue_episodes else [None] * self.stages
         for stage, env in enumerate(envs):

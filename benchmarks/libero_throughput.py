@@ -1,0 +1,188 @@
+"""Env steps per second on LIBERO: our vector env against LIBERO's own ways of running it.
+
+All on the same task (the table-top test task of ../shared/libero, the only scene that builds
+without LIBERO's full assets) with the same camera size and random 7-d actions:
+
+- overhead at 1 env: ours (``make_vector_env``, one env in this process, ``chunk_step`` chunks)
+  against a plain loop over LIBERO's ``OffScreenRenderEnv`` with the same two cameras;
+- N envs: ours (subprocess blocks writing observations into shared memory) against LIBERO's own
+  ``SubprocVectorEnv`` (tianshou's, which pickles every observation dict through a pipe) with
+  the same number of envs and cameras, stepped one action at a time as LIBERO's scripts do.
+  LIBERO runs a process per env; ours runs one per core by default (``num_processes: null``),
+  which on a machine shared with other jobs gets fewer time slices than more processes would,
+  so ours is measured both ways: one process per env (like for like) and the default;
+- cameras: LIBERO's env renders every camera it was built with; ours renders only those the
+  policy consumes, so a one-image policy (``wrist_camera: null``) skips the wrist render.
+
+Each pair of configurations is built, measured and closed in turn (LIBERO processes take
+about 1 GB each); every repeat measures the pair in the order A B B A (each figure the mean of
+its two halves), so that both sides of a ratio share the machine's load of that moment; the table holds medians over repeats and ratios are medians of per-repeat ratios.
+Resets are not timed (every run steps from one init state).
+
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/libero_throughput.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from envs.vector_env import load_env_config, make_vector_env  # noqa: E402
+
+DATA = Path(os.environ.get("LIBERO_TEST_DATA", ROOT.parent / "shared" / "libero"))
+BDDL = DATA / "bddl" / "put_the_alphabet_soup_in_the_frying_pan.bddl"
+CAMERAS = ["agentview", "robot0_eye_in_hand"]
+
+
+def libero_env(size: int, cameras: list[str]):
+    """LIBERO's own env as its scripts build it (hard resets, its default)."""
+    import libero.libero
+
+    libero.libero._assets_path_cache = str(DATA / "assets")
+    from libero.libero.envs import OffScreenRenderEnv
+
+    env = OffScreenRenderEnv(bddl_file_name=str(BDDL), camera_names=cameras,
+                             camera_heights=size, camera_widths=size)
+    env.seed(0)
+    env.reset()
+    return env
+
+
+def raw_rate(env, steps: int, rng: np.random.Generator) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        env.step(rng.uniform(-1, 1, 7))
+    return steps / (time.perf_counter() - start)
+
+
+def libero_subproc_rate(venv, n: int, steps: int, rng: np.random.Generator) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        venv.step(rng.uniform(-1, 1, (n, 7)))
+    return n * steps / (time.perf_counter() - start)
+
+
+def ours_rate(env, steps: int, chunk: int, rng: np.random.Generator) -> float:
+    start = time.perf_counter()
+    for _ in range(steps // chunk):
+        env.chunk_step(rng.uniform(-1, 1, (env.num_envs, chunk, 7)).astype(np.float32))
+    return env.num_envs * (steps // chunk) * chunk / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--size", type=int, default=128, help="camera height and width")
+    parser.add_argument("--chunk", type=int, default=8, help="actions per chunk_step")
+    parser.add_argument("--steps", type=int, default=32,
+                        help="env steps per env per configuration and repeat (two halves)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    if 1 not in args.envs:
+        parser.error("--envs must include 1 (the reference for the overhead)")
+    if not BDDL.is_file():
+        sys.exit(f"libero_throughput: {BDDL} missing; set LIBERO_TEST_DATA to ../shared/libero")
+
+    def ours_cfg(wrist: bool, processes: int | None = None):
+        return load_env_config("libero_base", [f"num_processes={processes or 'null'}",
+            "task_suite_name=null", f"init_params.bddl_files=[{BDDL}]",
+            "init_params.init_state_range=[0,50]", f"init_params.assets_path={DATA / 'assets'}",
+            f"init_params.camera_heights={args.size}", f"init_params.camera_widths={args.size}",
+            f"init_params.wrist_camera={CAMERAS[1] if wrist else 'null'}",
+            f"max_episode_steps={10**6}"])
+
+    rng = np.random.default_rng(0)
+    multi = [n for n in args.envs if n > 1]
+    half = args.steps // 2
+    from libero.libero.envs import SubprocVectorEnv as LiberoSubproc
+
+    # (label, factory, rate) pairs; each pair is built, measured and closed before the next, so
+    # that at most one pair's processes (about 1 GB each) are alive at a time
+    def libero_subproc(n):
+        return (f"libero_subproc {n}", lambda: LiberoSubproc(
+            [functools.partial(libero_env, args.size, CAMERAS)] * n),
+            lambda env: libero_subproc_rate(env, n, half, rng))
+
+    def ours(label, n, wrist=True, processes=None):
+        return (label, lambda: make_vector_env(ours_cfg(wrist, processes), num_envs=n),
+                lambda env: ours_rate(env, half, args.chunk, rng))
+
+    raw = ("raw 1", lambda: libero_env(args.size, CAMERAS), lambda env: raw_rate(env, half, rng))
+    # LIBERO's SubprocVectorEnv forks this process: its pairs come first, before this process
+    # renders anything (a child forked after EGL was initialized here hangs)
+    pairs = []
+    for n in multi:
+        pairs.append((libero_subproc(n), ours(f"ours {n}", n, processes=n)))
+        if n > (os.cpu_count() or 1):  # ours with its default of fewer processes than envs
+            pairs.append(((f"libero_subproc {n} (vs default)", *libero_subproc(n)[1:]),
+                          ours(f"ours {n} default processes", n)))
+    pairs += [(raw, ours("ours 1", 1)),
+              (ours("ours 1 main camera only", 1, wrist=False), ours("ours 1 (vs main only)", 1))]
+    rates: dict[str, list[float]] = {}
+    for (label_a, make_a, rate_a), (label_b, make_b, rate_b) in pairs:
+        a = make_a()
+        try:
+            b = make_b()
+            try:
+                if label_b.startswith("ours"):
+                    b.reset()
+                if label_a.startswith("ours"):
+                    a.reset()
+                for r in range(args.repeats + 1):  # round 0 warms up (JIT, caches), dropped
+                    a1, b1, b2, a2 = rate_a(a), rate_b(b), rate_b(b), rate_a(a)
+                    if r:
+                        rates.setdefault(label_a, []).append((a1 + a2) / 2)
+                        rates.setdefault(label_b, []).append((b1 + b2) / 2)
+            finally:
+                b.close()
+        finally:
+            a.close()
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+
+    print(f"LIBERO {BDDL.stem}, 2 cameras {args.size}x{args.size}, chunks of {args.chunk}, "
+          f"{args.steps} steps/env x {args.repeats} repeats (medians; env steps/s)")
+    default = [n for n in multi if n > (os.cpu_count() or 1)]
+    print(f"{'envs':>5} {'LIBERO plain loop':>18} {'LIBERO SubprocVectorEnv':>24} {'ours':>7} {'ours/LIBERO':>12}")
+    print(f"{1:>5} {statistics.median(rates['raw 1']):>18.1f} {'':>24} "
+          f"{statistics.median(rates['ours 1']):>7.1f} {ratio('ours 1', 'raw 1'):>12.3f}")
+    for n in multi:
+        print(f"{n:>5} {'':>18} {statistics.median(rates[f'libero_subproc {n}']):>24.1f} "
+              f"{statistics.median(rates[f'ours {n}']):>7.1f} "
+              f"{ratio(f'ours {n}', f'libero_subproc {n}'):>12.3f}")
+    for n in default:
+        print(f"{n:>5} {'':>18} {statistics.median(rates[f'libero_subproc {n} (vs default)']):>24.1f} "
+              f"{statistics.median(rates[f'ours {n} default processes']):>7.1f} "
+              f"{ratio(f'ours {n} default processes', f'libero_subproc {n} (vs default)'):>12.3f}"
+              f"  (ours in {os.cpu_count()} processes, one per core)")
+    print(f"1 env, main camera only (a one-image policy): "
+          f"{statistics.median(rates['ours 1 main camera only']):.1f} steps/s, "
+          f"{ratio('ours 1 main camera only', 'ours 1 (vs main only)'):.2f}x both cameras")
+    print(json.dumps({
+        "size": args.size, "chunk": args.chunk,
+        "raw_1env": round(statistics.median(rates["raw 1"]), 2),
+        "ours_1env": round(statistics.median(rates["ours 1"]), 2),
+        "overhead_1env": round(1 - ratio("ours 1", "raw 1"), 4),
+        "vs_libero_subproc": {str(n): round(ratio(f"ours {n}", f"libero_subproc {n}"), 3)
+                              for n in multi},
+        "vs_libero_subproc_default_processes": {
+            str(n): round(ratio(f"ours {n} default processes", f"libero_subproc {n} (vs default)"), 3)
+            for n in default},
+        "main_camera_only_speedup": round(ratio("ours 1 main camera only", "ours 1 (vs main only)"), 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""LIBERO task suites behind the vector-env interface (``env_type: libero``).
+
+What a config chooses (see config/env/libero_*.yaml):
+
+- the tasks: ``task_suite_name`` (``libero_spatial``, ``libero_object``, ``libero_goal``,
+  ``libero_10``, ``libero_90``, or ``libero_130`` for all 130 tasks in that order) with
+  ``init_params.task_ids`` (indices into the suite; null = all), or ``task_suite_name: null`` and
+  ``init_params.bddl_files`` (your own BDDL task files);
+- the init states: ``init_params.init_state_range: [first, stop)`` (null = all 50 a suite task
+  ships). Tasks of your own have no init-state files: their init state ``k`` is LIBERO's own
+  object placement drawn with seed ``k``, so they need a range;
+- a reset id names one (task, init state): ``task_index * num_init_states + init_state``
+  (``reset_state_name`` spells it out), so groups, even coverage, the eval protocol
+  (``each_reset_state_once``) and videos come from ``VectorEnv``, not from this module.
+
+Each env holds one LIBERO ``OffScreenRenderEnv`` at a time and rebuilds it only when an episode
+of another task starts (a multi-task suite runs in one vector env). A reset sets the init
+state, then takes ``init_params.num_settle_steps`` no-op steps (gripper open) that the policy
+never sees, as OpenVLA-OFT's and openpi's LIBERO evaluations do while objects settle.
+
+Observations as OpenVLA-OFT expects them: ``main_images`` (``main_camera``) and, when
+``wrist_camera`` is set, ``wrist_images``, both rotated 180 degrees (robosuite renders in OpenGL
+order, upside down); ``states`` = end-effector position (3), orientation as axis-angle (3) and
+the two gripper finger positions (2); the task's language instruction. Only the cameras
+consumed are rendered. Actions are 7-d delta end-effector poses (LIBERO's OSC_POSE controller);
+``init_params.gripper_open_action`` says which sign opens the gripper (-1 is LIBERO's own; +1
+flips the last action dimension before the simulator sees it), and must match the policy's
+gripper post-processing (OpenVLA-OFT: ``normalize_gripper`` and ``invert_gripper`` give -1 =
+open). Reward 1 on success, LIBERO's own BDDL goal check; success terminates the episode.
+
+Setup: importing this module writes LIBERO's config file when it is missing (LIBERO asks for it
+on stdin at import otherwise) and renders headless with EGL unless ``MUJOCO_GL`` says otherwise.
+Assets come from ``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else where LIBERO
+itself looks (its package folder, then ``~/.cache/libero/assets``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import importlib.util
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from envs.vector_env import EnvSetupError, VectorEnv, read_options
+
+# The published evaluations' episode limits (OpenVLA-OFT, openpi), in policy steps.
+SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
+                   "libero_10": 520, "libero_90": 400}
+SUITES = (*SUITE_MAX_STEPS, "libero_130")  # libero_130: the five suites' tasks in this order
+PARAMS = ("task_ids", "bddl_files", "init_state_range", "assets_path", "camera_heights",
+          "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action")
+ASSET_FOLDERS = ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
+                 "turbosquid_objects", "articulated_objects")
+DOWNLOAD = ("python -c 'from libero.libero.utils.download_utils import "
+            "download_assets_from_huggingface as d; d(\"{dir}\")'")
+ACTION_DIM = 7
+
+
+def _package_root() -> Path:
+    spec = importlib.util.find_spec("libero")
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvSetupError("env_type libero needs the libero package: run `bash scripts/setup.sh` "
+                            "(or `pip install -e .[libero] && pip install --no-deps libero==0.1.1`)")
+    return Path(spec.submodule_search_locations[0]) / "libero"
+
+
+def ensure_libero_config() -> Path:
+    """Write LIBERO's config file (``$LIBERO_CONFIG_PATH/config.yaml``, default
+    ``~/.libero/config.yaml``) with the package's own folders when it is missing: without it,
+    importing ``libero.libero`` asks on stdin and fails in a worker. An existing file is kept."""
+    folder = Path(os.environ.get("LIBERO_CONFIG_PATH", Path.home() / ".libero"))
+    path = folder / "config.yaml"
+    if not path.exists():
+        root = _package_root()
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"benchmark_root": root, "bddl_files": root / "bddl_files",
+                 "init_states": root / "init_files", "datasets": root.parent / "datasets",
+                 "assets": root / "assets"}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(yaml.safe_dump({k: str(v) for k, v in paths.items()}))
+        tmp.replace(path)  # atomic: env processes may start at the same time
+    return path
+
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+if os.environ["MUJOCO_GL"] in ("egl", "osmesa"):
+    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # file name of its BDDL file without the suffix
+    description: str  # the language instruction
+    bddl_file: str
+    init_states: np.ndarray | None  # [n, sim state]; None: LIBERO's placement with seed k
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``check_config`` makes of an env config: the tasks and the reset ids."""
+
+    suite: str | None
+    tasks: tuple[Task, ...]
+    first_state: int
+    num_states: int  # init states per task
+    params: dict[str, Any]
+    assets: Path
+
+    @property
+    def num_reset_states(self) -> int:
+        return len(self.tasks) * self.num_states
+
+    def task_and_state(self, reset_id: int) -> tuple[int, int]:
+        task, k = divmod(int(reset_id), self.num_states)
+        return task, self.first_state + k
+
+    def reset_state_name(self, reset_id: int) -> str:
+        """``task<index in the config's task list>_init<init state>_<task name>``."""
+        task, k = self.task_and_state(reset_id)
+        return f"task{task:03d}_init{k:02d}_{self.tasks[task].name}"
+
+    def reset_state_names(self) -> list[str]:
+        """Every reset state, with the suite so that two configs' states compare."""
+        return [f"{self.suite or 'bddl'}/{self.reset_state_name(i)}"
+                for i in range(self.num_reset_states)]
+
+
+def _load_init_states(path: Path) -> np.ndarray:
+    import torch
+
+    return np.asarray(torch.load(path, map_location="cpu", weights_only=False))
+
+
+def _suite_tasks(suite: str) -> list[Task]:
+    ensure_libero_config()
+    from libero.libero import get_libero_path
+    from libero.libero.benchmark import get_benchmark
+
+    if suite == "libero_130":
+        return [t for s in SUITE_MAX_STEPS for t in _suite_tasks(s)]
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its task order every time
+        bench = get_benchmark(suite)()
+    bddl_root, init_root = Path(get_libero_path("bddl_files")), Path(get_libero_path("init_states"))
+    tasks = []
+    for i in range(bench.get_num_tasks()):
+        t = bench.get_task(i)
+        tasks.append(Task(t.name, t.language, str(bddl_root / t.problem_folder / t.bddl_file),
+                          _load_init_states(init_root / t.problem_folder / t.init_states_file)))
+    return tasks
+
+
+def _bddl_task(path: str) -> Task:
+    """A task of the user's own BDDL file, parsed by LIBERO's own parser."""
+    file = Path(path)
+    if not file.is_file():
+        raise EnvSetupError(f"env.init_params.bddl_files: {path} does not exist")
+    ensure_libero_config()
+    from libero.libero.envs.bddl_utils import get_problem_info, robosuite_parse_problem
+
+    try:
+        info = get_problem_info(str(file))
+        robosuite_parse_problem(str(file))
+    except Exception as err:  # LIBERO's parser raises bare exceptions of many kinds
+        raise EnvSetupError(f"env.init_params.bddl_files: {path} is not a LIBERO BDDL task "
+                            f"({type(err).__name__}: {err})") from None
+    from libero.libero.envs import TASK_MAPPING
+
+    if info["problem_name"] not in TASK_MAPPING:
+        raise EnvSetupError(f"env.init_params.bddl_files: {path} names problem "
+                            f"{info['problem_name']!r}; LIBERO knows {sorted(TASK_MAPPING)}")
+    return Task(file.stem, info["language_instruction"].strip(), str(file.resolve()), None)
+
+
+def assets_path(params: dict[str, Any]) -> Path:
+    """``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else LIBERO's own choice."""
+    chosen = params.get("assets_path") or os.environ.get("LIBERO_ASSETS_PATH")
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    packaged = _package_root() / "assets"
+    return packaged if packaged.is_dir() else Path.home() / ".cache" / "libero" / "assets"
+
+
+def _check_assets(folder: Path, own_tasks: bool) -> None:
+    needed = ("scenes", "textures") if own_tasks else ASSET_FOLDERS
+    missing = [f for f in needed if not (folder / f).is_dir()]
+    if missing:
+        what = f"{folder} does not exist" if not folder.is_dir() else \
+            f"{folder} lacks {', '.join(missing)}"
+        raise EnvSetupError(
+            f"LIBERO assets: {what}. Download them on a machine with internet access with "
+            f"`{DOWNLOAD.format(dir=folder)}`, then point env.init_params.assets_path (or "
+            "$LIBERO_ASSETS_PATH) at that folder")
+
+
+def check_config(env_cfg: Any) -> Setup:
+    """The tasks and reset ids of an env config, with one clear error for each thing a user can
+    get wrong (suite, task ids, BDDL files, init-state range, cameras, assets), before any
+    simulator starts."""
+    from omegaconf import DictConfig, OmegaConf
+
+    init_params = env_cfg["init_params"]
+    if isinstance(init_params, DictConfig):
+        init_params = OmegaConf.to_container(init_params, resolve=True)
+    unknown = sorted(set(init_params) - set(PARAMS))
+    if unknown:
+        raise EnvSetupError(f"env.init_params: unknown keys {unknown} for env_type libero; "
+                            f"expected some of {list(PARAMS)}")
+    missing = [k for k in PARAMS if k not in init_params]
+    if missing:
+        raise EnvSetupError(f"env.init_params lacks {missing} (see config/env/libero_base.yaml)")
+    p = {k: init_params[k] for k in PARAMS}
+    suite = env_cfg.get("task_suite_name")
+    for key in ("camera_heights", "camera_widths"):
+        if not (isinstance(p[key], int) and not isinstance(p[key], bool) and p[key] > 0):
+            raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected a positive integer")
+    if not (isinstance(p["num_settle_steps"], int) and p["num_settle_steps"] >= 0):
+        raise EnvSetupError(f"env.init_params.num_settle_steps={p['num_settle_steps']!r}: "
+                            "expected an integer >= 0")
+    if p["gripper_open_action"] not in (-1, 1):
+        raise EnvSetupError(f"env.init_params.gripper_open_action={p['gripper_open_action']!r}: "
+                            "expected -1 (LIBERO's own: -1 opens, +1 closes) or 1 (flipped)")
+    if not p["main_camera"]:
+        raise EnvSetupError("env.init_params.main_camera is empty: expected a LIBERO camera "
+                            "such as agentview")
+
+    if suite is not None:
+        if p["bddl_files"]:
+            raise EnvSetupError("env.init_params.bddl_files is set together with "
+                                f"env.task_suite_name={suite!r}: choose one")
+        if suite not in SUITES:
+            close = difflib.get_close_matches(str(suite), SUITES, n=1)
+            raise EnvSetupError(f"env.task_suite_name={suite!r}: expected one of {list(SUITES)}"
+                                + (f"; did you mean {close[0]!r}?" if close else ""))
+        tasks = _suite_tasks(suite)
+        ids = p["task_ids"]
+        if ids is not None:
+            bad = [i for i in ids if not (isinstance(i, int) and 0 <= i < len(tasks))]
+            if bad or not ids or len(set(ids)) != len(ids):
+                raise EnvSetupError(f"env.init_params.task_ids={ids!r}: expected distinct task "
+                                    f"indices in [0, {len(tasks)}) of {suite}, or null for all")
+            tasks = [tasks[i] for i in ids]
+    else:
+        files = p["bddl_files"]
+        if not files:
+            raise EnvSetupError("env.task_suite_name is null and env.init_params.bddl_files is "
+                                f"empty: choose a suite ({list(SUITES)}) or BDDL task files")
+        if p["task_ids"] is not None:
+            raise EnvSetupError("env.init_params.task_ids selects tasks of a suite; with "
+                                "bddl_files list the files you want instead")
+        tasks = [_bddl_task(f) for f in files]
+
+    available = min((len(t.init_states) for t in tasks if t.init_states is not None), default=None)
+    span = p["init_state_range"]
+    if span is None:
+        if available is None:
+            raise EnvSetupError("env.init_params.init_state_range is null, but tasks from "
+                                "bddl_files ship no init states: give a range such as [0, 50] "
+                                "(init state k = LIBERO's placement drawn with seed k)")
+        span = [0, available]
+    ok = (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
+          and 0 <= span[0] < span[1] and (available is None or span[1] <= available))
+    if not ok:
+        limit = f"<= {available} (the init states each task ships)" if available else "any stop"
+        raise EnvSetupError(f"env.init_params.init_state_range={span!r}: expected [first, stop) "
+                            f"with 0 <= first < stop {limit}")
+    folder = assets_path(p)
+    _check_assets(folder, own_tasks=suite is None)
+    return Setup(suite, tuple(tasks), span[0], span[1] - span[0], p, folder)
+
+
+def _quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """Axis-angle of an (x, y, z, w) quaternion, as robosuite's ``quat2axisangle``."""
+    from robosuite.utils.transform_utils import quat2axisangle
+
+    return quat2axisangle(np.array(quat, np.float64))
+
+
+class LiberoEnv:
+    """One LIBERO scene at a time: the ``SingleEnv`` of an env subprocess. Built lazily: the
+    first reset (and every reset into another task) builds the task's scene."""
+
+    action_dim = ACTION_DIM
+
+    def __init__(self, setup: Setup):
+        self.setup = setup
+        p = setup.params
+        self.cameras = [p["main_camera"]] + ([p["wrist_camera"]] if p["wrist_camera"] else [])
+        size = (p["camera_heights"], p["camera_widths"], 3)
+        self.obs_spec = {"main_images": (size, np.dtype(np.uint8)),
+                         "states": ((8,), np.dtype(np.float32))}
+        if p["wrist_camera"]:
+            self.obs_spec["wrist_images"] = (size, np.dtype(np.uint8))
+        self.num_reset_states = setup.num_reset_states
+        self.task_description = ""
+        self.task_index: int | None = None
+        self.env: Any = None
+        self._raw: dict[str, np.ndarray] = {}
+        self._flip = float(p["gripper_open_action"]) * -1.0  # +1: as given; -1: flip the gripper
+
+    def _build(self, task_index: int) -> None:
+        ensure_libero_config()
+        import libero.libero
+
+        libero.libero._assets_path_cache = str(self.setup.assets)
+        from libero.libero.envs import OffScreenRenderEnv
+
+        self.close()
+        task = self.setup.tasks[task_index]
+        p = self.setup.params
+        try:
+            self.env = OffScreenRenderEnv(
+                bddl_file_name=task.bddl_file, camera_names=self.cameras,
+                camera_heights=p["camera_heights"], camera_widths=p["camera_widths"],
+                # the vector env owns time limits; soft resets (0.04 s instead of 1.2 s to
+                # rebuild from XML here) give the states of LIBERO's own hard reset exactly
+                # (tests/test_libero.py), with the gripper command cleared in reset()
+                ignore_done=True, hard_reset=False)
+        except ValueError as err:
+            if "camera" in str(err).lower():
+                raise EnvSetupError(f"env.init_params cameras {self.cameras}: {err}") from None
+            raise
+        except Exception as err:
+            text = str(err)
+            if "No such file" in text or "could not open" in text.lower() or "Error opening" in text:
+                raise EnvSetupError(f"LIBERO task {task.name} needs an asset missing from "
+                                    f"{self.setup.assets}: {text.splitlines()[0]}. Download the "
+                                    f"assets with `{DOWNLOAD.format(dir=self.setup.assets)}`") from None
+            raise
+        self.task_index = task_index
+        self.task_description = task.description
+
+    def reset(self, state_id: int) -> None:
+        task_index, k = self.setup.task_and_state(state_id)
+        if task_index != self.task_index:
+            self._build(task_index)
+        task = self.setup.tasks[task_index]
+        if task.init_states is None:
+            self.env.seed(k)
+            self._raw = self.env.reset()
+        else:
+            self.env.reset()
+        # robosuite's soft reset keeps the gripper's last command, which a rebuilt scene starts
+        # without: clear it, so that an episode does not depend on the one before
+        for robot in self.env.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        if task.init_states is not None:
+            self._raw = self.env.set_init_state(task.init_states[k])
+        noop = np.zeros(ACTION_DIM)
+        noop[-1] = -1.0  # LIBERO's own convention: -1 opens the gripper
+        for _ in range(self.setup.params["num_settle_steps"]):
+            self._raw, _, _, _ = self.env.step(noop)
+
+    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
+        action = np.asarray(action, np.float64).copy()
+        action[-1] *= self._flip
+        self._raw, reward, done, _ = self.env.step(action)
+        return float(reward), bool(done), bool(done)
+
+    def observation(self) -> dict[str, np.ndarray]:
+        raw = self._raw
+        state = np.concatenate([raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
+                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        cams = self.setup.params
+        obs = {"main_images": raw[f"{cams['main_camera']}_image"][::-1, ::-1], "states": state}
+        if cams["wrist_camera"]:
+            obs["wrist_images"] = raw[f"{cams['wrist_camera']}_image"][::-1, ::-1]
+        return obs
+
+    def close(self) -> None:
+        if self.env is not None:
+            env, self.env, self.task_index = self.env, None, None
+            env.close()
+
+
+class LiberoVectorEnv(VectorEnv):
+    """``num_envs`` LIBERO envs of ``env_cfg`` (the registry's ``libero`` entry); the first has
+    the global index ``seed_offset``."""
+
+    def __init__(self, env_cfg: Any, num_envs: int, seed_offset: int = 0):
+        from envs.subproc import single_env_batch
+
+        self.setup = check_config(env_cfg)
+        options = read_options(env_cfg, num_envs, seed_offset)
+        sim = single_env_batch([functools.partial(LiberoEnv, self.setup)] * num_envs,
+                               preload=["envs.libero"], num_processes=env_cfg.get("num_processes"))
+        super().__init__(sim, seed_offset=seed_offset, **options)
+
+    def reset_state_name(self, state_id: int) -> str:
+        return self.setup.reset_state_name(state_id)
