@@ -72,3 +72,25 @@ def test_the_prompt_set_keys_are_read(tiny_math, tmp_path, capsys):
         "data.prompt_key=question",
         "data.answer_key=solution", "data.rollout_batch_size=4"))
     assert code == 0, err
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("math_grpo_tiny", "data.val_pass_k=0", "data.val_pass_k = 0: expected a whole number >= 1"),
+    ("math_grpo_tiny", "data.val_pass_k=2.5", "data.val_pass_k = 2.5"),
+    ("math_grpo_tiny", "data.val_pass_k=true", "data.val_pass_k = True"),
+    ("math_grpo_tiny", "data.val_pass_k=4 algorithm.sampling_params.do_sample=false", "do_sample=false"),
+    ("maniskill_grpo_mlp", "data.val_pass_k=4", "data.val_pass_k = 4: not supported here"),
+])
+def test_nonsense_pass_k_exits_2(tiny_math, capsys, config, override, message):
+    code, _, err = _run(capsys, config, _args(tiny_math, *override.split()))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_pass_k_split_holds_k_envs_per_validation_prompt(tiny_math):
+    from embodied.cli import load
+
+    cfg, _ = load("math_grpo_tiny", _args(tiny_math, "data.val_pass_k=4")[1:])
+    split = cfg.env.eval_pass_k
+    assert (split.total_num_envs, split.group_size, split.init_params.pass_at_group) == (800, 4, True)
+    assert split.init_params.data_paths == cfg.env.eval.init_params.data_paths
+    assert not cfg.env.eval.init_params.pass_at_group

@@ -61,3 +61,26 @@ def test_lora_with_kl_to_the_base_trains_and_a_checkpoint_evaluates(tiny_math, t
     result, done = _embodied("eval", full + [f"runner.ckpt_path={folder}"])
     assert result["episodes"] == 200 and set(result["tasks"]) == {"test"}
     assert result["tasks"]["test"]["success"] == result["eval_success"]
+
+
+def test_pass_at_k_per_file_from_validation_and_eval(tiny_math, tmp_path):
+    from tests.test_pipeline import scalars
+
+    args = _math(tiny_math, tmp_path, "passk", "runner.max_epochs=1", "runner.val_check_interval=1",
+                 "data.rollout_batch_size=8", "actor.global_batch_size=64", "actor.micro_batch_size=32",
+                 "data.val_pass_k=4")
+    result, done = _embodied("train", args)
+    assert result["pass_at_k"]["k"] == 4 and result["pass_at_k"]["tasks"]["test"]["episodes"] == 800
+    logged = scalars(tmp_path / "passk", "eval_pass_k/success_once")
+    assert sorted(logged) == [0, 1] and logged[1] == pytest.approx(result["pass_at_k"]["success"])
+    assert "  sampled: pass@k" in done.stdout and "  test: pass@k" in done.stdout
+
+    folder = checkpoint.latest(tmp_path / "passk" / "checkpoints")
+    evaluated, _ = _embodied("eval", args + [f"runner.ckpt_path={folder}"])
+    greedy, sampled = evaluated["eval_success"], evaluated["pass_at_k"]
+    assert evaluated["episodes"] == 200 and sampled["tasks"]["test"]["episodes"] == 800
+    # a prompt passes when any of its 4 samples is verified: at least the mean of the samples
+    assert sampled["sampled_success"] <= sampled["success"] <= 1 and sampled["success"] > 0
+    assert sampled["tasks"]["test"]["success"] == sampled["success"] and 0 <= greedy <= 1
+    # the same checkpoint and seed sample the same responses: eval repeats validation's figure
+    assert sampled["success"] == pytest.approx(result["pass_at_k"]["success"])
