@@ -22,7 +22,7 @@ def _run(capsys, config, args):
 
 def test_tiny_and_gpu_configs_dry_run(tiny_math, capsys):
     code, out, _ = _run(capsys, "math_grpo_tiny", _args(tiny_math))
-    assert code == 0 and "config OK" in out and "32 prompts/step" in out
+    assert code == 0 and "config OK" in out and "64 prompts/step" in out
     code, out, _ = _run(capsys, "math_grpo_qwen2_5_1_5b", _args(
         tiny_math, "data.max_prompt_length=8", "runner.seq_length=12", "cluster.num_gpus_per_node=8",
         "actor.model.is_lora=true"))
@@ -70,7 +70,8 @@ def test_the_prompt_set_keys_are_read(tiny_math, tmp_path, capsys):
     code, _, err = _run(capsys, "math_grpo_tiny", _args(
         tiny_math, f"data.train_data_paths=[{tmp_path / 'q.jsonl'}]", f"data.val_data_paths=[{tmp_path / 'q.jsonl'}]",
         "data.prompt_key=question",
-        "data.answer_key=solution", "data.rollout_batch_size=4"))
+        "data.answer_key=solution", "data.rollout_batch_size=4", "actor.global_batch_size=32",
+        "actor.micro_batch_size=16"))
     assert code == 0, err
 
 
