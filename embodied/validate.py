@@ -275,7 +275,8 @@ def _pass_k(cfg: DictConfig) -> None:
     if env.group_size != k:
         _fail("env.eval_pass_k.group_size", env.group_size, f"data.val_pass_k ({k}): k responses per prompt")
     if not cfg.actor.model.do_sample:
-        _fail("data.val_pass_k", k, "1 with algorithm.sampling_params.do_sample=false (k greedy answers are one answer)")
+        _fail("data.val_pass_k", k,
+              "1 with algorithm.sampling_params.do_sample=false (k greedy answers are one answer)")
 
 
 def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
