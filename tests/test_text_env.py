@@ -58,7 +58,8 @@ def test_a_response_past_the_deadline_scores_zero_and_is_counted():
     # a power tower sympy takes long to compare; the batch deadline cuts it, the pool is replaced
     verifier = Verifier(timeout_s=60, deadline_s=0.5)
     slow = "\\boxed{9^{9^{9^{9^{9}}}}-9^{9^{9^{9^{9}}}}+" + "+".join(["x^{99}"] * 50) + "}"
-    verdicts = verifier.score([slow], ["1"])
+    # a reference with the same operators, so that the operator rule does not decide it first
+    verdicts = verifier.score([slow], ["2^{3}-1+1"])
     assert verdicts.status == [TIMEOUT] and verdicts.count(TIMEOUT) == 1
     assert verifier.score(["1"], ["1"]).status == [CORRECT]  # a fresh pool carries on
     verifier.close()
