@@ -3,7 +3,7 @@ and warm-start the tiny Llama-shaped model, train ``math_grpo_tiny`` through the
 and print the held-out greedy accuracy curve (time, step, accuracy, training reward, response
 length) and the start/end accuracies.
 
-    python benchmarks/math_learning.py [--out results/math_learning] [--steps 400] [--val-every 40]
+    python benchmarks/math_learning.py [--out results/math_learning] [--steps 1000] [--val-every 100]
 
 The baseline is the warm-start checkpoint itself (validation before the first step); the last
 line is JSON with ``accuracy_start``, ``accuracy_end``, ``train_wall_s`` (the whole training
@@ -44,8 +44,8 @@ def curve(log_dir: Path) -> list[dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "results" / "math_learning"))
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--val-every", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--val-every", type=int, default=100)
     parser.add_argument("overrides", nargs="*", help="extra config overrides for the training run")
     args = parser.parse_args()
     out = Path(args.out)

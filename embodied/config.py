@@ -19,7 +19,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 # Nodes whose keys are free: placement lines and simulator construction options, checked by
 # the placement parser and by the env adapters themselves.
-OPEN_NODES = ("cluster.component_placement", "env.train.init_params", "env.eval.init_params")
+OPEN_NODES = ("cluster.component_placement", "env.train.init_params", "env.eval.init_params",
+              "env.eval_pass_k.init_params")
 
 
 class ConfigError(ValueError):
@@ -75,7 +76,7 @@ def check_schema(cfg: DictConfig, config_dir: Path = CONFIG_DIR) -> None:
     """Every key of ``cfg`` exists in the schema, with a value of the default's type."""
     schema = _load(config_dir / "base.yaml")
     env_schema = _load(config_dir / "env" / "base.yaml")
-    for split in ("train", "eval"):
+    for split in ("train", "eval", "eval_pass_k"):
         if cfg.get("env", {}).get(split):
             schema["env"][split] = env_schema
     model_type = OmegaConf.select(cfg, "actor.model.model_type", default=None)

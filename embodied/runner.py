@@ -88,6 +88,7 @@ class Runner:
                     self._log_samples(self.step)
                     _print_eval(f"eval at step {self.step}", metrics, self.shared_reset_states)
                     summary["eval_success"] = metrics["eval/success_once"]
+                    summary |= _pass_at_k(metrics, self.cfg.data.val_pass_k)
                 self.logger.log(metrics, self.step)
                 if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
                     self.save()
@@ -152,15 +153,19 @@ class Runner:
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on the eval envs; success, return and length per episode. With
         ``env.eval.each_reset_state_once`` as many rounds of episodes as it takes to start every
-        reset state once (e.g. every LIBERO task x init state), whatever the number of envs."""
+        reset state once (e.g. every LIBERO task x init state), whatever the number of envs.
+        ``data.val_pass_k`` = k > 1 (text envs) also k sampled responses per eval prompt on the
+        ``eval_pass_k`` envs, whose ``eval_pass_k/success_once`` is pass@k."""
         tic = time.monotonic()
         self._turn(self.rollout, self.env)
-        per_round = []
-        for r in range(max(self.env.execute("rounds", "eval").wait())):
-            env_call = self.env.execute("interact", "eval", self.eval_chunk_steps, r == 0)
-            self.rollout.execute("generate", "eval", self.eval_chunk_steps, 0).wait()
-            per_round += env_call.wait()
-        metrics = _merge_ranks(per_round)
+        metrics: dict[str, float] = {}
+        for split in ("eval", "eval_pass_k") if self.cfg.data.val_pass_k > 1 else ("eval",):
+            per_round = []
+            for r in range(max(self.env.execute("rounds", split).wait())):
+                env_call = self.env.execute("interact", split, self.eval_chunk_steps, r == 0)
+                self.rollout.execute("generate", split, self.eval_chunk_steps, 0).wait()
+                per_round += env_call.wait()
+            metrics.update(_merge_ranks(per_round))
         metrics["time/eval"] = time.monotonic() - tic
         return metrics
 
@@ -182,7 +187,8 @@ class Runner:
         _print_eval(f"eval of {source} ({env.init_params.get('id', env.task_suite_name or '')})",
                     metrics, shared)
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
-                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared} | self._totals()
+                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared} \
+            | _pass_at_k(metrics, self.cfg.data.val_pass_k) | self._totals()
 
     def _log_samples(self, step: int) -> None:
         """Example responses of the last evaluation, from envs that keep them (text envs)."""
@@ -265,11 +271,21 @@ def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def _per_task(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+def _pass_at_k(metrics: dict[str, float], k: int) -> dict[str, Any]:
+    """``{"pass_at_k": {"k", "success" (pass@k), "sampled_success" (mean of the k), "tasks"}}``
+    from the ``eval_pass_k`` split's metrics; empty when it did not run (k = 1)."""
+    if "eval_pass_k/success_once" not in metrics:
+        return {}
+    return {"pass_at_k": {"k": k, "success": metrics["eval_pass_k/success_once"],
+                          "sampled_success": metrics["eval_pass_k/success"],
+                          "tasks": _per_task(metrics, "eval_pass_k")}}
+
+
+def _per_task(metrics: dict[str, float], split: str = "eval") -> dict[str, dict[str, float]]:
     """``{task: {"success": success_once, "episodes": count}}`` from the per-task eval metrics."""
-    prefix = "eval/episodes/"
+    prefix = f"{split}/episodes/"
     tasks = sorted(k[len(prefix):] for k in metrics if k.startswith(prefix))
-    return {t: {"success": metrics[f"eval/success_once/{t}"], "episodes": int(metrics[prefix + t])}
+    return {t: {"success": metrics[f"{split}/success_once/{t}"], "episodes": int(metrics[prefix + t])}
             for t in tasks}
 
 
@@ -285,11 +301,16 @@ def shared_reset_states(cfg: DictConfig) -> int | None:
 
 def _print_eval(title: str, metrics: dict[str, float], shared: int | None = None) -> None:
     """The overall success, then one line per task (through tqdm, so a progress bar stays
-    intact), and when known whether the eval's reset states were also trained on."""
-    episodes = int(metrics["eval/episodes"])
-    lines = [f"{title}: success {metrics['eval/success_once']:.3f} over {episodes} episodes"]
-    lines += [f"  {task}: success {t['success']:.3f} over {t['episodes']} episodes"
-              for task, t in _per_task(metrics).items()]
+    intact); the same for pass@k when it ran; and when known whether the eval's reset states
+    were also trained on."""
+    lines = []
+    for split, name in (("eval", "success"), ("eval_pass_k", "pass@k")):
+        if f"{split}/success_once" in metrics:
+            episodes = int(metrics[f"{split}/episodes"])
+            lines.append(f"{title if split == 'eval' else '  sampled'}: {name} {metrics[f'{split}/success_once']:.3f} "
+                         f"over {episodes} episodes")
+            lines += [f"  {task}: {name} {t['success']:.3f} over {t['episodes']} episodes"
+                      for task, t in _per_task(metrics, split).items()]
     if shared is not None:
         lines.append("  train and eval reset states are disjoint" if shared == 0 else
                      f"  {shared} eval reset states are also training reset states (overlap)")

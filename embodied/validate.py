@@ -215,6 +215,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
+    _pass_k(cfg)
     _validate_envs(cfg, plan)
     if "text" in (cfg.env.train.env_type, cfg.env.eval.env_type):
         _validate_text(cfg)
@@ -260,12 +261,31 @@ def _validate_text(cfg: DictConfig) -> None:
 
 
 
+def _pass_k(cfg: DictConfig) -> None:
+    """``data.val_pass_k``: a whole number >= 1; above 1 it samples on the ``env.eval_pass_k`` text
+    envs, k per prompt."""
+    k = cfg.data.val_pass_k
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        _fail("data.val_pass_k", k, "a whole number >= 1 (responses sampled per validation prompt; 1 = off)")
+    if k == 1:
+        return
+    env = cfg.env.eval_pass_k
+    if not env or env.env_type != "text":
+        raise ConfigError(f"data.val_pass_k = {k}: not supported here, because pass@k needs a text env split "
+                          "env.eval_pass_k (e.g. `env/math_val_pass_k@env.eval_pass_k` in the defaults list)")
+    if env.group_size != k:
+        _fail("env.eval_pass_k.group_size", env.group_size, f"data.val_pass_k ({k}): k responses per prompt")
+    if not cfg.actor.model.do_sample:
+        _fail("data.val_pass_k", k,
+              "1 with algorithm.sampling_params.do_sample=false (k greedy answers are one answer)")
+
+
 def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
     """What every task shares (robots and text): env splits, groups and batch arithmetic."""
     chunks = cfg.actor.model.num_action_chunks
     env_ranks = plan.world_size("env")
     stages = cfg.rollout.pipeline_stage_num
-    for split in ("train", "eval"):
+    for split in ("train", "eval", "eval_pass_k") if cfg.data.val_pass_k > 1 else ("train", "eval"):
         env = cfg.env[split]
         if not env:
             _fail(f"env.{split}", {}, f"an env group, e.g. `env/maniskill_push_cube@env.{split}`")

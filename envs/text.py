@@ -6,6 +6,10 @@ math-verify (``envs/verifier.py``) and ends the episode: ``T = 1``, ``terminatio
 The reward is ``+reward_scale`` for a verified answer and ``-reward_scale`` otherwise (the
 reference's ``reward.reward_scale``), times ``reward_coef``; unparsable responses and verifier
 timeouts score as wrong and are counted (``<split>/unparsable``, ``<split>/verifier_timeout``).
+With ``pass_at_group`` (the pass@k split, ``config/env/math_val_pass_k.yaml``) an episode's
+``success_once`` is whether any response of its group is verified: averaged over the episodes it
+is pass@k with k = ``group_size`` samples per prompt (plainly k samples, no n > k estimator);
+``success`` stays the response's own verdict (the sampled accuracy).
 
 Prompt order: the prompts of all files form one list; with ``shuffle`` every epoch walks a new
 permutation of it (seeded by ``seed`` and the epoch). Group ``g`` of ``G`` groups across all env
@@ -147,8 +151,13 @@ def _verifier() -> Verifier:
 class TextEnv:
     """``num_envs`` single-step envs over a prompt set; the vector-env interface of DESIGN.md."""
 
+    rounds = 1  # an eval validates its total_num_envs prompts in one episode (no each_reset_state_once)
+
     def __init__(self, cfg: Mapping[str, Any], num_envs: int, seed_offset: int = 0):
         options = read_options(cfg, num_envs, seed_offset)
+        if cfg.get("each_reset_state_once"):
+            raise EnvSetupError("env.*.each_reset_state_once: not supported by the text env, because "
+                                "an eval already answers each of its total_num_envs prompts once")
         for key, wanted in (("max_episode_steps", 1), ("auto_reset", False), ("ignore_terminations", False),
                             ("use_rel_reward", False)):
             if options[key] != wanted:
@@ -165,6 +174,10 @@ class TextEnv:
         self.shuffle, self.seed = bool(params["shuffle"]), int(options["seed"])
         unit = options["group_size"] if options["use_fixed_reset_state_ids"] else 1
         self.streams = (seed_offset + np.arange(num_envs)) // unit
+        self.pass_at_group = bool(params["pass_at_group"])
+        if self.pass_at_group and unit == 1:  # (read_options keeps groups whole within a stage)
+            raise EnvSetupError("env.*.init_params.pass_at_group needs groups: group_size > 1 with "
+                                "use_fixed_reset_state_ids")
         self.num_streams = int(cfg["total_num_envs"]) // unit
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -231,13 +244,17 @@ class TextEnv:
         verdicts = _verifier().score(texts, [p.answer for p in self._current])
         correct = np.asarray(verdicts.correct) & done
         rewards = np.where(correct, self.reward, -self.reward).astype(np.float32) * done
+        solved = correct
+        if self.pass_at_group:  # pass@k: some response of the group (its stream) is verified
+            _, group = np.unique(self.streams, return_inverse=True)
+            solved = np.bincount(group, weights=correct)[group] > 0
         if not self._stepped:
             for status in self._counts:
                 self._counts[status] += verdicts.count(status)
             self._samples = [{"prompt": p.text, "response": t, "answer": p.answer, "reward": float(r)}
                              for p, t, r in list(zip(self._current, texts, rewards))[:SAMPLES_KEPT]]
         self._stepped = True
-        infos = {"success": correct, "success_once": correct, "episode_return": rewards,
+        infos = {"success": correct, "success_once": solved, "episode_return": rewards,
                  "episode_length": lengths, "done": done, "task_descriptions": self.task_descriptions}
         terminations = done[:, None].copy()
         return self._observation(), rewards[:, None], terminations, np.zeros_like(terminations), infos

@@ -15,7 +15,8 @@ log-prob 0, and the actor leaves them out of every loss term.
 Checkpoints: the actor calls ``save_checkpoint(folder)`` (every rank; rank 0 writes) and
 ``read_checkpoint(folder)`` (a state dict to load, possibly only the trained tensors); a rollout
 worker evaluating a checkpoint loads the same state dict. The default is one ``model.pt``; a
-policy with a published folder layout (OpenVLA-OFT: peft adapters, head files) overrides both.
+policy with a published folder layout (OpenVLA-OFT: peft adapters, head files; the causal LM
+with LoRA: the peft adapter) overrides both.
 """
 
 from __future__ import annotations

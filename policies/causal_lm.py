@@ -14,6 +14,11 @@ the distribution the loss trains. top-k, top-p, repetition penalty and ``min_new
 shape which tokens are sampled (as generation engines report log-probs).
 With ``is_lora`` the attention and MLP projections get LoRA adapters (``policies/lora.py``,
 alpha = rank); the base weights stay frozen and ``adapters_disabled`` gives the reference policy.
+
+Checkpoints: full fine-tuning saves ``model.pt`` (the ``Policy`` default); a LoRA run saves only
+the adapter, as peft lays it out (``lora_adapter/adapter_config.json`` and
+``adapter_model.safetensors``: ``PeftModel.from_pretrained(base, folder)`` loads it, and so does
+``actor.model.lora_path``), since nothing else trains.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from policies.base import ActOutput, EvaluateOutput, Policy, model_option
+from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LORA_TARGETS = r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
@@ -123,6 +128,44 @@ class CausalLMPolicy(Policy):
         logprobs = F.pad(logprobs * response_mask[:, :stop], (0, width))[:, None].clone()
         entropy = F.pad(entropy * response_mask[:, :stop], (0, width))[:, None].clone()
         return EvaluateOutput(logprobs, entropy, None)
+
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """With LoRA the adapter alone, in peft's layout (collective under FSDP2, rank 0 writes)."""
+        from peft import PeftModel
+
+        if isinstance(self.model, PeftModel):
+            from policies.lora import ADAPTER_DIR, save_adapter
+
+            save_adapter(self.model, Path(path) / ADAPTER_DIR)
+        else:
+            super().save_checkpoint(path)
+
+    def read_checkpoint(self, path: str | Path) -> dict[str, Tensor]:
+        """What ``save_checkpoint`` wrote, checked against this policy's names and shapes: with
+        LoRA the adapter tensors (the trainable ones), otherwise every tensor."""
+        from peft import PeftModel
+        from safetensors.torch import load_file
+
+        from policies.lora import ADAPTER_DIR, ADAPTER_WEIGHTS
+        from policies.weights import CheckpointError, check_keys
+
+        path = Path(path)
+        if not isinstance(self.model, PeftModel):
+            if (path / ADAPTER_DIR).is_dir() and not (path / MODEL_FILE).exists():
+                raise CheckpointError(f"{path} holds a LoRA run's {ADAPTER_DIR}/ but actor.model.is_lora is false; "
+                                      "set is_lora=true (and lora_rank as trained)")
+            return super().read_checkpoint(path)
+        file = path / ADAPTER_DIR / ADAPTER_WEIGHTS
+        if not file.exists():
+            raise CheckpointError(f"{file} is missing (actor.model.is_lora is true: a LoRA run's checkpoint)")
+        # peft's file names drop the policy's ``model.`` prefix and the adapter name
+        names = {k.removeprefix("model.").replace(".default.", "."): (k, tuple(p.shape))
+                 for k, p in self.named_parameters() if p.requires_grad}
+        saved = load_file(str(file))
+        check_keys({f: shape for f, (_, shape) in names.items()}, {k: tuple(v.shape) for k, v in saved.items()},
+                   f"LoRA adapter {file}")
+        return {names[k][0]: v for k, v in saved.items()}
 
 
 def _token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

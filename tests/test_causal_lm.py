@@ -101,3 +101,31 @@ def test_lora_trains_adapters_only_and_disabled_adapters_give_the_base(tiny_math
     assert (moved - reference).abs().max() > 1e-2
     with adapters_disabled(lora), torch.no_grad():
         assert (lora.evaluate(out.forward_inputs, out.actions).logprobs - reference).abs().max() < 1e-5
+
+
+def test_lora_checkpoint_is_the_peft_adapter_and_reads_back_strictly(tiny_math, tmp_path):
+    from policies.weights import CheckpointError
+
+    lora = CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)
+    lora.save_checkpoint(tmp_path / "lora")
+    assert sorted(p.name for p in (tmp_path / "lora").iterdir()) == ["lora_adapter"]
+    state = lora.read_checkpoint(tmp_path / "lora")
+    trained = {n: p for n, p in lora.named_parameters() if p.requires_grad}
+    assert set(state) == set(trained) and all(torch.equal(state[n], trained[n]) for n in state)
+    # the same adapter is what actor.model.lora_path reads
+    again = CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True, lora_path=str(tmp_path / "lora" / "lora_adapter")))
+    assert all(torch.equal(p, trained[n]) for n, p in again.named_parameters() if p.requires_grad)
+
+    base = CausalLMPolicy(_cfg(tiny_math["model"]))
+    with pytest.raises(CheckpointError, match="set is_lora=true"):
+        base.read_checkpoint(tmp_path / "lora")
+    base.save_checkpoint(tmp_path / "full")
+    with pytest.raises(CheckpointError, match="lora_adapter/adapter_model.safetensors is missing"):
+        lora.read_checkpoint(tmp_path / "full")
+    with pytest.raises(CheckpointError, match="lora_rank"):
+        CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True, lora_rank=8,
+                            lora_path=str(tmp_path / "lora" / "lora_adapter")))

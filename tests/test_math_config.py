@@ -22,7 +22,7 @@ def _run(capsys, config, args):
 
 def test_tiny_and_gpu_configs_dry_run(tiny_math, capsys):
     code, out, _ = _run(capsys, "math_grpo_tiny", _args(tiny_math))
-    assert code == 0 and "config OK" in out and "32 prompts/step" in out
+    assert code == 0 and "config OK" in out and "64 prompts/step" in out
     code, out, _ = _run(capsys, "math_grpo_qwen2_5_1_5b", _args(
         tiny_math, "data.max_prompt_length=8", "runner.seq_length=12", "cluster.num_gpus_per_node=8",
         "actor.model.is_lora=true"))
@@ -70,5 +70,28 @@ def test_the_prompt_set_keys_are_read(tiny_math, tmp_path, capsys):
     code, _, err = _run(capsys, "math_grpo_tiny", _args(
         tiny_math, f"data.train_data_paths=[{tmp_path / 'q.jsonl'}]", f"data.val_data_paths=[{tmp_path / 'q.jsonl'}]",
         "data.prompt_key=question",
-        "data.answer_key=solution", "data.rollout_batch_size=4"))
+        "data.answer_key=solution", "data.rollout_batch_size=4", "actor.global_batch_size=32",
+        "actor.micro_batch_size=16"))
     assert code == 0, err
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("math_grpo_tiny", "data.val_pass_k=0", "data.val_pass_k = 0: expected a whole number >= 1"),
+    ("math_grpo_tiny", "data.val_pass_k=2.5", "data.val_pass_k = 2.5"),
+    ("math_grpo_tiny", "data.val_pass_k=true", "data.val_pass_k = True"),
+    ("math_grpo_tiny", "data.val_pass_k=4 algorithm.sampling_params.do_sample=false", "do_sample=false"),
+    ("maniskill_grpo_mlp", "data.val_pass_k=4", "data.val_pass_k = 4: not supported here"),
+])
+def test_nonsense_pass_k_exits_2(tiny_math, capsys, config, override, message):
+    code, _, err = _run(capsys, config, _args(tiny_math, *override.split()))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_pass_k_split_holds_k_envs_per_validation_prompt(tiny_math):
+    from embodied.cli import load
+
+    cfg, _ = load("math_grpo_tiny", _args(tiny_math, "data.val_pass_k=4")[1:])
+    split = cfg.env.eval_pass_k
+    assert (split.total_num_envs, split.group_size, split.init_params.pass_at_group) == (800, 4, True)
+    assert split.init_params.data_paths == cfg.env.eval.init_params.data_paths
+    assert not cfg.env.eval.init_params.pass_at_group

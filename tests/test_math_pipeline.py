@@ -1,7 +1,8 @@
 """Math GRPO end to end through Ray, the env / rollout / actor workers, channels and FSDP2 (gloo,
 two ranks): greedy validation inside real env workers scores exactly what the model scores in
 process (math-verify works there), a shortened training run clearly raises held-out accuracy,
-LoRA with a KL to the adapters-off reference trains, and embodied-eval reports accuracy per file."""
+LoRA with a KL to the adapters-off reference trains and checkpoints its peft adapter, which
+embodied-eval and resume read, and pass@k comes per file from validation and embodied-eval."""
 
 import json
 import subprocess
@@ -40,7 +41,7 @@ def test_shortened_training_clearly_raises_held_out_accuracy(tiny_math, tmp_path
     assert set(samples[0]) == {"step", "split", "prompt", "response", "answer", "reward"}
 
 
-def test_lora_with_kl_to_the_base_trains_and_a_checkpoint_evaluates(tiny_math, tmp_path):
+def test_lora_with_kl_trains_and_its_adapter_checkpoint_evaluates_and_resumes(tiny_math, tmp_path):
     from tests.test_pipeline import scalars
 
     args = _math(tiny_math, tmp_path, "lora", "runner.max_epochs=2", "runner.val_check_interval=-1",
@@ -54,10 +55,49 @@ def test_lora_with_kl_to_the_base_trains_and_a_checkpoint_evaluates(tiny_math, t
     assert sorted(kl) == [1, 2] and kl[1] == pytest.approx(0.0, abs=1e-6) and kl[2] > 0  # the adapters moved
     assert all(v > 0 for v in scalars(tmp_path / "lora", "actor/entropy").values())
 
-    full = _math(tiny_math, tmp_path, "full", "runner.max_epochs=1", "runner.val_check_interval=-1",
-                 "runner.val_before_train=false")
-    _embodied("train", full)
-    folder = checkpoint.latest(tmp_path / "full" / "checkpoints")
-    result, done = _embodied("eval", full + [f"runner.ckpt_path={folder}"])
+    # the checkpoint holds only the adapter, in peft's layout, which peft itself loads
+    folder = checkpoint.latest(tmp_path / "lora" / "checkpoints")
+    adapter = folder / "actor" / "lora_adapter"
+    assert sorted(p.name for p in (folder / "actor").iterdir()) == ["lora_adapter", "optimizer.pt"]
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from policies.tiny_lm import greedy_accuracy, read_jsonl
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_math["model"]), adapter)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
+    in_process = greedy_accuracy(model, tokenizer, read_jsonl(tiny_math["data"] / "test.jsonl"), max_new_tokens=4)
+
+    # embodied-eval reads it (in Ray rollout workers) and scores what peft's model scores in process;
+    # with data.val_pass_k it also reports pass@4 per data file
+    result, _ = _embodied("eval", args + [f"runner.ckpt_path={folder}", "data.val_pass_k=4"])
     assert result["episodes"] == 200 and set(result["tasks"]) == {"test"}
-    assert result["tasks"]["test"]["success"] == result["eval_success"]
+    assert result["eval_success"] == pytest.approx(in_process)
+    sampled = result["pass_at_k"]
+    assert sampled["k"] == 4 and sampled["tasks"] == {"test": {"success": sampled["success"], "episodes": 800}}
+    # a prompt passes when any of its 4 samples is verified: at least the mean of the samples
+    assert 0 < sampled["sampled_success"] <= sampled["success"] <= 1
+
+    # resume continues from the adapter: step 3's KL is not the fresh adapters' 0
+    result, done = _embodied("train", [*args, "runner.max_epochs=3", "runner.resume_dir=auto"])
+    assert f"resumed from {folder} at step 2" in done.stdout
+    kl = scalars(tmp_path / "lora", "actor/kl")
+    assert sorted(kl) == [1, 2, 3] and kl[3] > 0
+    assert checkpoint.latest(tmp_path / "lora" / "checkpoints").name == "global_step_3"
+
+
+def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):
+    from tests.test_pipeline import scalars
+
+    args = _math(tiny_math, tmp_path, "passk", "runner.max_epochs=1", "runner.val_check_interval=1",
+                 "data.rollout_batch_size=8", "actor.global_batch_size=64", "actor.micro_batch_size=32",
+                 "data.val_pass_k=4")
+    result, done = _embodied("train", args)
+    sampled = result["pass_at_k"]
+    assert sampled["k"] == 4 and sampled["tasks"] == {"test": {"success": sampled["success"], "episodes": 800}}
+    assert 0 < sampled["sampled_success"] <= sampled["success"] <= 1
+    for tag in ("eval_pass_k/success_once", "eval_pass_k/success_once/test", "eval/success_once"):
+        assert sorted(scalars(tmp_path / "passk", tag)) == [0, 1], tag  # before training and at step 1
+    assert scalars(tmp_path / "passk", "eval_pass_k/success_once")[1] == pytest.approx(sampled["success"])
+    assert "  sampled: pass@k" in done.stdout and "  test: pass@k" in done.stdout

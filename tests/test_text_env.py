@@ -68,7 +68,8 @@ def test_a_response_past_the_deadline_scores_zero_and_is_counted():
 def _env_cfg(tiny_math, **over):
     params = dict(data_paths=[str(tiny_math["data"] / "test.jsonl")], shuffle=False, prompt_key="prompt",
                   answer_key="answer", max_prompt_length=8, reward_scale=2.0, tokenizer_model=None,
-                  model_path=str(tiny_math["model"]), use_fast=True, trust_remote_code=False)
+                  model_path=str(tiny_math["model"]), use_fast=True, trust_remote_code=False,
+                  pass_at_group=False)
     params.update(over.pop("init_params", {}))
     cfg = dict(env_type="text", total_num_envs=8, auto_reset=False, ignore_terminations=False,
                use_fixed_reset_state_ids=True, group_size=4, max_episode_steps=1, use_rel_reward=False,
@@ -101,6 +102,19 @@ def test_groups_share_a_prompt_and_rewards_follow_the_reference_scale(tiny_math)
     samples = env.pop_samples()
     assert samples[0] == {"prompt": rows[0]["prompt"], "response": rows[0]["answer"], "answer": rows[0]["answer"],
                           "reward": 2.0}
+
+
+def test_pass_at_group_counts_a_prompt_solved_when_any_of_its_group_is(tiny_math):
+    env = TextEnv(_env_cfg(tiny_math, init_params={"pass_at_group": True}), num_envs=8)
+    env.reset()
+    rows = read_jsonl(tiny_math["data"] / "test.jsonl")
+    answers = ["999", rows[0]["answer"], "", "999"] + ["999"] * 4  # prompt 0: 1 of 4 right, prompt 1: none
+    _, rewards, _, _, infos = env.chunk_step(_tokens(env, answers))
+    assert infos["success_once"].tolist() == [True] * 4 + [False] * 4  # pass@4 per episode of the group
+    assert infos["success"].tolist() == [False, True] + [False] * 6  # each response's own verdict
+    assert rewards[:, 0].tolist() == [-2.0, 2.0] + [-2.0] * 6
+    with pytest.raises(Exception, match="pass_at_group needs groups"):
+        TextEnv(_env_cfg(tiny_math, group_size=1, init_params={"pass_at_group": True}), num_envs=8)
 
 
 def test_text_env_scores_off_the_main_thread(tiny_math):

@@ -8,6 +8,7 @@ states): simulators rebuilt after ``offload``, or in a run resumed from a checkp
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ class EnvWorker(Worker):
         self.last_obs: dict[str, list[dict[str, Any]]] = {}
         # episode numbering of the splits whose simulators are not built (yet, or since offload)
         self.next_episodes: dict[str, np.ndarray] = {}
-        self.stats = {"train": EpisodeStats(), "eval": EpisodeStats()}
+        self.stats: dict[str, EpisodeStats] = defaultdict(EpisodeStats)  # per split
         self.masked: dict[str, int] = {}  # non-finite values set to 0 per split (env.non_finite: mask)
         self._build("train")  # fail at launch, not at the first step, on a bad env config
 

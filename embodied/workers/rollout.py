@@ -102,7 +102,7 @@ class RolloutWorker(Worker):
         the same in an interrupted-and-resumed run as in an uninterrupted one."""
         torch.manual_seed(seed * 1009 + self.rank)
         train = split == "train"
-        do_sample = self.cfg.actor.model.do_sample if train else False
+        do_sample = self.cfg.actor.model.do_sample if split != "eval" else False  # eval: greedy; eval_pass_k samples
         records = {stream: defaultdict(list) for stream in self.streams}
         for t in range(num_chunk_steps + 1):
             for stream in self.streams:
