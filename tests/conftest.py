@@ -86,3 +86,13 @@ def tiny_math(tmp_path_factory) -> dict[str, Path]:
     finally:
         torch.set_num_threads(threads)
     return {"data": root / "data", "model": root / "model", "accuracy": result["accuracy"]}
+
+
+def stand_in_assets(folder: Path) -> Path:
+    """The asset folder layout LIBERO's suites need, without the meshes (not available here):
+    enough for config checks, never for building a suite's scene."""
+    from envs.libero import ASSET_FOLDERS
+
+    for name in ASSET_FOLDERS:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    return folder

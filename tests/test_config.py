@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from embodied import cli
+from conftest import stand_in_assets
 from embodied.config import CONFIG_DIR, ConfigError, compose
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
@@ -19,7 +20,11 @@ def test_there_are_shipped_experiments():
 
 def _user_files(name: str, request) -> list[str]:
     """Math configs read the user's model and prompt set before anything starts: give them the
-    tiny ones the tests make."""
+    tiny ones the tests make. LIBERO configs check the asset folders: give them a stand-in
+    layout (the suites' meshes are not available here)."""
+    if name.startswith("libero_"):
+        assets = stand_in_assets(request.getfixturevalue("tmp_path") / "libero_assets")
+        return [f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval")]
     if not name.startswith("math_"):
         return []
     tiny = request.getfixturevalue("tiny_math")

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from envs.libero import ASSET_FOLDERS, SUITE_MAX_STEPS, LiberoEnv, check_config
+from conftest import stand_in_assets
+from envs.libero import SUITE_MAX_STEPS, LiberoEnv, check_config
 from envs.vector_env import EnvSetupError, load_env_config, make_vector_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,14 +298,6 @@ def embodied(command: str, *args: str, **env: str) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, "-m", "embodied", command, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-
-
-def stand_in_assets(folder: Path) -> Path:
-    """The asset folder layout LIBERO's suites need, without the meshes (not available here):
-    enough for config checks, never for building a suite's scene."""
-    for name in ASSET_FOLDERS:
-        (folder / name).mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 @pytest.mark.parametrize("command,name,envs,steps,chunks", [
