@@ -9,6 +9,7 @@ import pytest
 
 from envs.arithmetic import make_problems
 from envs.text import DataError, TextEnv, load_prompts, load_tokenizer, read_records
+from envs.vector_env import EnvSetupError
 from envs.verifier import CORRECT, TIMEOUT, UNPARSABLE, WRONG, Verifier, score_one
 from policies.tiny_lm import read_jsonl
 
@@ -73,7 +74,7 @@ def _env_cfg(tiny_math, **over):
     params.update(over.pop("init_params", {}))
     cfg = dict(env_type="text", total_num_envs=8, auto_reset=False, ignore_terminations=False,
                use_fixed_reset_state_ids=True, group_size=4, max_episode_steps=1, use_rel_reward=False,
-               reward_coef=1.0, seed=0, video_cfg={"save_video": False}, init_params=params)
+               reward_coef=1.0, seed=0, each_reset_state_once=False, video_cfg={"save_video": False}, init_params=params)
     cfg.update(over)
     return cfg
 
@@ -180,3 +181,8 @@ def test_bad_data_is_one_message_naming_file_line_and_key(tmp_path, tiny_math, c
     with pytest.raises(DataError, match=message):
         load_prompts({"data_paths": [str(path)], "prompt_key": "prompt", "answer_key": "answer",
                       "max_prompt_length": 8}, tokenizer)
+
+
+def test_each_reset_state_once_is_refused_by_the_text_env(tiny_math):
+    with pytest.raises(EnvSetupError, match="each_reset_state_once: not supported by the text env"):
+        TextEnv(_env_cfg(tiny_math, each_reset_state_once=True), num_envs=8)
