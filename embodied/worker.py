@@ -40,11 +40,12 @@ EXIT_TIMEOUT_S = 10.0  # how long a shut-down group's processes may take to exit
 
 
 class WorkerError(RuntimeError):
-    """A rank of a worker group raised or died."""
+    """A rank of a worker group raised or died (``died``: its process is gone)."""
 
     def __init__(self, group: str, rank: int, what: str, node: str = "") -> None:
         super().__init__(f"{group} rank {rank}{f' on {node}' if node else ''} {what}")
         self.group, self.rank, self.node = group, rank, node
+        self.died = False
 
 
 class Worker:
@@ -293,6 +294,7 @@ class WorkerGroup:
         return WorkerError(self.name, rank, what, self._cluster.node_label(self.devices[rank].node))
 
     def _mark_dead(self, error: WorkerError) -> None:
+        error.died = True
         self._error = error
         _LIVE_GROUPS.discard(self)
 
