@@ -29,8 +29,8 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
     lines = [
         f"experiment: {cfg.runner.experiment_name} ({cfg.runner.task_type}), "
         f"logs in {cfg.runner.logger.log_path} via {list(cfg.runner.logger.logger_backends)}",
-        f"model: {model.model_type}" + (f" from {model.model_path}" if model.model_path else "")
-        + (f", LoRA rank {model.lora_rank}" if model.is_lora else ""),
+        f"model: {model.model_type}" + (f" from {model.model_path}" if model.get("model_path") else "")
+        + (f", LoRA rank {model.lora_rank}" if model.get("is_lora") else ""),
         f"algorithm: {algo.adv_type} advantages, {algo.loss_type} loss (clip {algo.ratio_clip_eps}), "
         f"group_size {algo.group_size}, {algo.update_epochs} update epoch(s)",
         f"actor: lr {actor.optim.lr}, global batch {actor.global_batch_size} in micro-batches of "

@@ -26,6 +26,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from embodied.placement import Device, PlacementError, PlacementPlan, plan_placement
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.ray_address")
+
 NODE_JOIN_TIMEOUT_S = 60.0  # how long a joined cluster may take to show cluster.num_nodes nodes
 RESERVE_TIMEOUT_S = 60.0  # how long Ray may take to reserve a node's devices
 _RESOURCE_STEPS = 10_000  # Ray counts resources in steps of 1e-4

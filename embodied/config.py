@@ -15,6 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs")
+
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 # Nodes whose keys are free: placement lines and simulator construction options, checked by
@@ -104,6 +107,8 @@ def _check_node(values: dict, schema: dict, prefix: str) -> None:
         if path in OPEN_NODES:
             continue
         if key not in schema:
+            if prefix == "actor.model.":
+                _other_models_key(path, values.get("model_type"))
             near = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
             hint = f"; did you mean {prefix}{near[0]}?" if near else ""
             raise ConfigError(f"unknown config key {path}{hint}")
@@ -114,6 +119,17 @@ def _check_node(values: dict, schema: dict, prefix: str) -> None:
             _check_node(value, default, path + ".")
         else:
             _check_type(path, value, default)
+
+
+def _other_models_key(path: str, model_type: str) -> None:
+    """A key of other models' schemas set for this one: say so, naming those models."""
+    from embodied import schema
+
+    owners = [p.stem for p in sorted((CONFIG_DIR / "model").glob("*.yaml"))
+              if p.stem not in ("base", model_type) and path in schema.leaves(p.stem)]
+    if owners:
+        raise ConfigError(f"{path}: not supported by model_type {model_type}, because only "
+                          f"{', '.join(owners)} read it")
 
 
 def _is_interpolation(value: Any) -> bool:

@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("runner.logger.log_path", "runner.logger.project_name", "runner.logger.experiment_name",
+               "runner.logger.logger_backends")
+
 
 class Backend(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...

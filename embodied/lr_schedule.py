@@ -11,6 +11,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from embodied.schema import unknown_choice
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("actor.lr_sched.lr_warmup_fraction", "actor.lr_sched.lr_warmup_init",
+               "actor.lr_sched.lr_warmup_iters", "actor.lr_sched.max_lr", "actor.lr_sched.min_lr",
+               "actor.lr_sched.lr_decay_style", "actor.lr_sched.lr_decay_iters")
+
 
 def learning_rate(step: int, sched: Mapping[str, Any], total_steps: int) -> float:
     """Rate of training step ``step`` (1-based) out of ``total_steps``.
@@ -34,4 +41,4 @@ def learning_rate(step: int, sched: Mapping[str, Any], total_steps: int) -> floa
         return max_lr - (max_lr - min_lr) * progress
     if style == "cosine":
         return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"actor.lr_sched.lr_decay_style must be constant, linear or cosine, got {style!r}")
+    raise unknown_choice("actor.lr_sched.lr_decay_style", style)

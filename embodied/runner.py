@@ -31,6 +31,14 @@ from embodied.workers.actor import ActorWorker
 from embodied.workers.env import EnvWorker
 from embodied.workers.rollout import RolloutWorker, replay_pieces
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train",
+               "runner.save_interval", "runner.resume_dir", "runner.max_ckpts_to_keep", "runner.only_eval",
+               "runner.ckpt_path", "algorithm.rollout_epoch", "data.val_pass_k", "env.group_name",
+               "env.channel.name", "env.channel.queue_size", "env.enable_offload", "rollout.group_name",
+               "rollout.channel.queue_size", "rollout.enable_offload", "actor.group_name",
+               "actor.channel.queue_size", "actor.enable_offload")
+
 
 class Runner:
     def __init__(self, cfg: DictConfig, plan: PlacementPlan):
@@ -174,7 +182,7 @@ class Runner:
         into the rollout workers), or without one the pretrained ``actor.model.model_path`` the
         rollout workers were built from."""
         if self.cfg.runner.ckpt_path is None:
-            source, step = self.cfg.actor.model.model_path, 0
+            source, step = self.cfg.actor.model.get("model_path"), 0
         else:
             source = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
             self.rollout.execute("load_checkpoint", str(Path(source) / "actor")).wait()
@@ -210,6 +218,8 @@ class Runner:
                                      keep=self.cfg.runner.max_ckpts_to_keep)
         except (OSError, WorkerError) as err:  # a full disk, a lost mount: stop with the last one intact
             shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(err, WorkerError) and err.died:  # a lost worker is the news, not the folder
+                raise
             why = str(err) if isinstance(err, WorkerError) else f"{type(err).__name__}: {err}"
             free = shutil.disk_usage(self.ckpt_root).free / 1e6 if self.ckpt_root.is_dir() else 0.0
             raise checkpoint.CheckpointError(

@@ -23,8 +23,17 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPTIMIZERS = ("adam", "adamw", "sgd")
+from policies.weights import DTYPES
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("actor.optim.optimizer", "actor.optim.adam_beta1", "actor.optim.adam_beta2",
+               "actor.optim.adam_eps", "actor.optim.weight_decay", "actor.fsdp_config.cpu_offload",
+               "actor.fsdp_config.offload_pin_memory", "actor.fsdp_config.reshard_after_forward",
+               "actor.fsdp_config.mixed_precision.param_dtype",
+               "actor.fsdp_config.mixed_precision.reduce_dtype", "actor.fsdp_config.amp_autocast.enabled",
+               "actor.fsdp_config.amp_autocast.precision", "actor.fsdp_config.grad_scaler.enabled",
+               "actor.fsdp_config.grad_scaler.init_scale", "actor.fsdp_config.grad_scaler.growth_interval")
+
 
 
 def build_optimizer(groups: list[dict[str, Any]], optim: Any) -> torch.optim.Optimizer:

@@ -12,168 +12,33 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from embodied import checkpoint
-from embodied.algorithms.losses import LOSS_AGG_FUNCS
+from embodied import checkpoint, schema
+from embodied.refused import refuse_unsupported
 from embodied.config import CONFIG_DIR, ConfigError, chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
-from embodied.training_options import DTYPES, OPTIMIZERS
 from envs import ENV_CHECKS, ENVS
 from envs.vector_env import EnvSetupError
 from policies import POLICIES
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("runner.task_type", "cluster.component_placement")
+
 LOGGER_BACKENDS = ("tensorboard", "wandb", "swanlab")
-KL_ESTIMATORS = ("kl", "low_var_kl", "abs", "mse")
-LEVELS = ("token_level", "action_level", "chunk_level")
-CHOICES: dict[str, tuple[str, ...]] = {
-    "runner.task_type": ("embodied", "math"),
-    "algorithm.adv_type": ("gae", "grpo"),
-    "algorithm.bootstrap_at_done": ("truncated", "always"),
-    "algorithm.loss_type": ("ppo",),
-    "algorithm.loss_agg_func": LOSS_AGG_FUNCS,
-    "data.type": ("math",),
-    "reward.reward_type": ("math",),
-    "actor.tokenizer.tokenizer_type": ("HuggingFaceTokenizer",),
-    "algorithm.kl_penalty": KL_ESTIMATORS,
-    "algorithm.kl_penalty_type": KL_ESTIMATORS,
-    "algorithm.reward_type": ("chunk_level", "action_level"),
-    "algorithm.logprob_type": LEVELS,
-    "algorithm.entropy_type": LEVELS,
-    "rollout.backend": ("huggingface", "sglang", "vllm"),
-    "rollout.mode": ("collocate", "disaggregate"),
-    "actor.training_backend": ("fsdp", "megatron"),
-    "actor.fsdp_config.sharding_strategy": ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard"),
-    "actor.lr_sched.lr_decay_style": ("constant", "linear", "cosine"),
-    "env.non_finite": ("error", "mask"),
-    "actor.optim.optimizer": OPTIMIZERS,
-    "actor.fsdp_config.mixed_precision.param_dtype": tuple(DTYPES),
-    "actor.fsdp_config.mixed_precision.reduce_dtype": tuple(DTYPES),
-    "actor.fsdp_config.amp_autocast.precision": ("bf16", "fp16"),
-}
-# key: (lowest allowed, whether the bound itself is allowed, highest allowed or None)
-RANGES: dict[str, tuple[float, bool, float | None]] = {
-    "cluster.num_nodes": (1, True, None),
-    "actor.optim.lr": (0, False, None),
-    "actor.optim.value_lr": (0, False, None),
-    "actor.lr_sched.max_lr": (0, False, None),
-    "actor.lr_sched.min_lr": (0, True, None),
-    "actor.lr_sched.lr_warmup_init": (0, True, None),
-    "actor.lr_sched.lr_warmup_fraction": (0, True, 1),
-    "actor.lr_sched.lr_warmup_iters": (0, True, None),
-    "actor.optim.clip_grad": (0, False, None),
-    "actor.optim.max_skipped_updates": (1, True, None),
-    "actor.optim.min_lr": (0, True, None),
-    "actor.optim.adam_beta1": (0, True, 1),
-    "actor.optim.adam_beta2": (0, True, 1),
-    "actor.fsdp_config.grad_scaler.init_scale": (0, False, None),
-    "actor.fsdp_config.grad_scaler.growth_interval": (1, True, None),
-    "actor.optim.adam_eps": (0, False, None),
-    "actor.optim.weight_decay": (0, True, None),
-    "actor.micro_batch_size": (1, True, None),
-    "actor.global_batch_size": (1, True, None),
-    "algorithm.ratio_clip_eps": (0, False, None),
-    "algorithm.clip_ratio_low": (0, False, None),
-    "algorithm.clip_ratio_high": (0, False, None),
-    "algorithm.clip_ratio_c": (1, False, None),
-    "algorithm.value_clip": (0, False, None),
-    "algorithm.value_loss_coef": (0, True, None),
-    "algorithm.gamma": (0, True, 1),
-    "algorithm.gae_lambda": (0, True, 1),
-    "algorithm.entropy_bonus": (0, True, None),
-    "algorithm.kl_beta": (0, True, None),
-    "algorithm.early_stop_imp_ratio": (1, False, None),
-    "algorithm.target_kl": (0, False, None),
-    "algorithm.group_size": (1, True, None),
-    "algorithm.rollout_epoch": (1, True, None),
-    "algorithm.update_epochs": (1, True, None),
-    "algorithm.n_minibatches": (1, True, None),
-    "algorithm.sampling_params.temperature": (0, False, None),
-    "algorithm.sampling_params.top_p": (0, False, 1),
-    "algorithm.sampling_params.top_k": (-1, True, None),  # -1 (or 0): off
-    "rollout.pipeline_stage_num": (1, True, None),
-    "runner.max_epochs": (1, True, None),
-    "runner.seq_length": (1, True, None),
-    "data.max_prompt_length": (1, True, None),
-    "data.rollout_batch_size": (1, True, None),
-    "data.val_rollout_batch_size": (1, True, None),
-    "algorithm.logprob_forward_micro_batch_size": (1, True, None),
-    "algorithm.sampling_params.repetition_penalty": (0, False, None),
-    "algorithm.sampling_params.min_new_tokens": (0, True, None),
-    "reward.reward_scale": (0, False, None),
-    "actor.model.num_action_chunks": (1, True, None),
-    "actor.model.action_dim": (1, True, None),
-}
-NULLABLE = {
-    "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c",
-    "algorithm.value_clip", "algorithm.target_kl", "data.val_rollout_batch_size",
-}
-MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
-FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
-# Keys of the schema that cannot work here, each with "<what>, because <why>": setting one (or a
-# key under one) to anything but its schema default stops the command before anything starts
-# with "<key>: not supported: <what>, because <why>".
-REFUSED: dict[str, str] = {
-    "actor.training_backend": "megatron, because the Megatron backend is not available (the actor "
-                              "trains with FSDP2)",
-    "actor.megatron": MEGATRON,
-    "actor.mcore_gpt": MEGATRON,
-    "actor.spec_name": MEGATRON,
-    "actor.offload_optimizer": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.offload_weight": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.offload_grad": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.optim.use_distributed_optimizer": MEGATRON + " (FSDP2 always shards the optimizer state)",
-    "actor.optim.overlap_grad_reduce": MEGATRON,
-    "actor.optim.overlap_param_gather": MEGATRON,
-    "actor.optim.overlap_param_gather_with_optimizer_step": MEGATRON,
-    "actor.optim.optimizer_enable_pin": MEGATRON,
-    "actor.optim.loss_scale_window": MEGATRON + "; fp16 loss scaling is actor.fsdp_config.grad_scaler",
-    "actor.optim.bf16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
-    "actor.optim.fp16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
-    "actor.enable_dp_load_balance": MEGATRON,
-    "actor.calculate_flops": "FLOP counting, because it is not implemented",
-    "actor.fsdp_config.strategy": "FSDP1, because only FSDP2 (fully_shard) is implemented",
-    "actor.fsdp_config.sharding_strategy": "other strategies than full_shard, because FSDP2 always shards "
-                                           "fully (reshard_after_forward: false keeps parameters "
-                                           "gathered, like shard_grad_op)",
-    "actor.fsdp_config.enable_gradient_accumulation": FSDP1 + ", which syncs only the last micro-batch",
-    "actor.fsdp_config.forward_prefetch": FSDP1 + ", which prefetches by itself",
-    "actor.fsdp_config.limit_all_gathers": FSDP1,
-    "actor.fsdp_config.backward_prefetch": FSDP1 + ", which prefetches by itself",
-    "actor.fsdp_config.use_orig_params": FSDP1 + ", which always keeps the original parameters",
-    "actor.fsdp_config.use_liger_kernel": "Liger kernels, because they need CUDA and no policy uses them",
-    "actor.fsdp_config.fsdp_size": "hybrid sharding, because shard groups smaller than the actor "
-                                   "are not implemented",
-    "actor.fsdp_config.mixed_precision.buffer_dtype": "a buffer dtype, because FSDP2 keeps buffers "
-                                                      "in their own dtype",
-    "critic.use_critic_model": "a separate critic model, because PPO's critic here is the "
-                               "policy's value head (actor.model.add_value_head)",
-    "rollout.mode": "choosing the mode, because it follows from cluster.component_placement "
-                    "(collocated, disaggregated or hybrid, printed at start)",
-    "rollout.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
-    "actor.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
-}
-ENV_RANGES = {"total_num_envs": 1, "max_episode_steps": 1, "group_size": 1}
 
 
 def validate(cfg: DictConfig) -> PlacementPlan:
     """Check every rule; return the placement plan the cluster will be launched with."""
     refuse_unsupported(cfg)
-    for key, allowed in CHOICES.items():
-        _choice(cfg, key, allowed)
-    for key, (low, inclusive, high) in RANGES.items():
-        if key.startswith("actor.model.") and not cfg.actor.model:
-            continue
-        _range(cfg, key, low, inclusive, high)
+    if cfg.data.max_prompt_length >= cfg.runner.seq_length:
+        _fail("data.max_prompt_length", cfg.data.max_prompt_length,
+              f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
+    _rules(cfg)  # after the prompt length: the causal LM's action_dim is what remains of seq_length
 
     backends = list(cfg.runner.logger.logger_backends)
     for backend in backends:
         if backend not in LOGGER_BACKENDS:
             _fail("runner.logger.logger_backends", backends, f"backends among {list(LOGGER_BACKENDS)}")
 
-    if cfg.rollout.backend != "huggingface":
-        _generation_engine(cfg.rollout.backend)
-    if cfg.data.max_prompt_length >= cfg.runner.seq_length:
-        _fail("data.max_prompt_length", cfg.data.max_prompt_length,
-              f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
 
     model = cfg.actor.model
     if not model:
@@ -211,25 +76,18 @@ def validate(cfg: DictConfig) -> PlacementPlan:
             video = cfg.env[split].get("video_cfg")
             if video and video.save_video:
                 _writable(f"env.{split}.video_cfg.video_base_dir", video.video_base_dir)
-    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.model_path is None):
+    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.get("model_path") is None):
         _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
     _pass_k(cfg)
     _validate_envs(cfg, plan)
-    if "text" in (cfg.env.train.env_type, cfg.env.eval.env_type):
+    text = [f"env.{s}" for s in schema.ENV_SPLITS if cfg.env[s] and cfg.env[s].env_type == "text"]
+    if cfg.runner.task_type == "math":
         _validate_text(cfg)
+    elif text:
+        _fail("runner.task_type", cfg.runner.task_type, f"math with the text env of {text[0]}")
     return plan
-
-
-def _generation_engine(backend: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec(backend) is None:
-        _fail("rollout.backend", backend, f"huggingface: the {backend} engine is not installed "
-              "(it needs CUDA); generation runs on Hugging Face generate")
-    _fail("rollout.backend", backend, f"huggingface: no {backend} adapter exists yet "
-          "(generation runs on Hugging Face generate)")
 
 
 def _validate_text(cfg: DictConfig) -> None:
@@ -237,17 +95,13 @@ def _validate_text(cfg: DictConfig) -> None:
     a missing folder, a malformed line or a missing key fails before any worker starts."""
     from envs.text import DataError, load_prompts, load_tokenizer
 
-    model, tokenizer = cfg.actor.model, cfg.actor.tokenizer
+    model, train = cfg.actor.model, cfg.env.train
+    if train.env_type != "text":
+        _fail("env.train.env_type", train.env_type, "text with runner.task_type=math")
     if model.model_type != "causal_lm":
         _fail("actor.model.model_type", model.model_type, "causal_lm with a text env")
     if model.model_path is None or not os.path.isfile(os.path.join(model.model_path, "config.json")):
         _fail("actor.model.model_path", model.model_path, "a Hugging Face model folder (with config.json)")
-    if tokenizer.padding_side != "left":
-        _fail("actor.tokenizer.padding_side", tokenizer.padding_side,
-              "left: prompts are left-padded for batched generation")
-    if tokenizer.extra_vocab_size:
-        _fail("actor.tokenizer.extra_vocab_size", tokenizer.extra_vocab_size, "0 for causal_lm")
-    train = cfg.env.train
     if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
         _fail("env.train.total_num_envs", train.total_num_envs,
               f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
@@ -262,11 +116,8 @@ def _validate_text(cfg: DictConfig) -> None:
 
 
 def _pass_k(cfg: DictConfig) -> None:
-    """``data.val_pass_k``: a whole number >= 1; above 1 it samples on the ``env.eval_pass_k`` text
-    envs, k per prompt."""
+    """``data.val_pass_k`` above 1 samples on the ``env.eval_pass_k`` text envs, k per prompt."""
     k = cfg.data.val_pass_k
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        _fail("data.val_pass_k", k, "a whole number >= 1 (responses sampled per validation prompt; 1 = off)")
     if k == 1:
         return
     env = cfg.env.eval_pass_k
@@ -291,8 +142,6 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}", {}, f"an env group, e.g. `env/maniskill_push_cube@env.{split}`")
         if env.env_type not in ENVS:
             _fail(f"env.{split}.env_type", env.env_type, f"one of {ENVS.names()}")
-        for key, low in ENV_RANGES.items():
-            _range(cfg, f"env.{split}.{key}", low, True, None)
         if env.each_reset_state_once and env.auto_reset:
             _fail(f"env.{split}.auto_reset", True, f"false with env.{split}.each_reset_state_once "
                   "(one episode per env and round)")
@@ -352,30 +201,6 @@ def _libero_gripper(model: DictConfig, env: DictConfig, split: str) -> None:
               f"action that opens the gripper)")
 
 
-def refuse_unsupported(cfg: DictConfig) -> None:
-    """``REFUSED``: each key (or leaf under it) set to anything but its schema default stops here."""
-    schema = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "base.yaml"), resolve=False)
-    scratch = OmegaConf.create(OmegaConf.to_container(cfg))  # to resolve defaults such as ${a.b}/c
-    for key, why in REFUSED.items():
-        default: Any = schema
-        for part in key.split("."):
-            default = default[part]
-        leaves = _leaves(default, key + ".") if isinstance(default, dict) else [(key, default)]
-        for path, value in leaves:
-            if isinstance(value, str) and "${" in value:
-                scratch["_default_"] = value
-                value = scratch["_default_"]
-            if OmegaConf.select(cfg, path) != value:
-                raise ConfigError(f"{path}: not supported: {why}")
-
-
-def _leaves(node: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for k, v in node.items():
-        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
-    return out
-
-
 def _training_options(cfg: DictConfig, accelerator: str) -> None:
     """Combinations of optimizer, precision and offload options that cannot work."""
     optim, fsdp = cfg.actor.optim, cfg.actor.fsdp_config
@@ -402,9 +227,6 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
     if fsdp.cpu_offload and cfg.actor.enable_offload:
         raise ConfigError("actor.enable_offload: not supported with actor.fsdp_config.cpu_offload, "
                           "because the actor's state already lives in host memory")
-    keep = cfg.runner.max_ckpts_to_keep
-    if keep == 0 or keep < -1:
-        _fail("runner.max_ckpts_to_keep", keep, "-1 (keep all) or at least 1")
 
 
 def devices_per_node(cfg: DictConfig) -> tuple[int, str]:
@@ -415,8 +237,6 @@ def devices_per_node(cfg: DictConfig) -> tuple[int, str]:
     accelerator = "gpu" if gpus else "cpu"
     configured = cfg.cluster.num_gpus_per_node
     if configured is not None:
-        if configured < 1:
-            _fail("cluster.num_gpus_per_node", configured, "at least 1, or null to detect")
         return configured, accelerator
     return (gpus or os.cpu_count() or 1), accelerator
 
@@ -474,25 +294,18 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
         raise ConfigError(str(err)) from None
 
 
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, str) and key == "actor.training_backend":
-        value = value.lower()
-    if value not in allowed:
-        _fail(key, value, f"one of {list(allowed)}")
-
-
-def _range(cfg: DictConfig, key: str, low: float, inclusive: bool, high: float | None) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value is None and key in NULLABLE:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value >= low if inclusive else value > low) and (high is None or value <= high)
-    if not ok:
-        bound = f">= {low}" if inclusive else f"> {low}"
-        if high is not None:
-            bound += f" and <= {high}"
-        _fail(key, value, f"a number {bound}")
+def _rules(cfg: DictConfig) -> None:
+    """The allowed values declared next to each default in config/ (``embodied.schema``), for
+    the keys of the splits and model this config has."""
+    model_type = OmegaConf.select(cfg, "actor.model.model_type")
+    for key, leaf in schema.leaves(model_type).items():
+        if leaf.rule is None or (key.startswith("actor.model.") and not cfg.actor.model):
+            continue
+        if key.startswith("env.") and not cfg.env[key.split(".")[1]]:
+            continue
+        value = OmegaConf.select(cfg, key)
+        if not leaf.rule.allows(value):
+            _fail(key, value, leaf.rule.expected())
 
 
 def _fail(key: str, value: Any, expected: str) -> None:

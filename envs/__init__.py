@@ -11,4 +11,5 @@ ENVS = Registry("env type", "env.*.env_type", {
 # by env type; each returns a description whose ``reset_state_names()`` list the reset states.
 ENV_CHECKS = Registry("env type", "env.*.env_type", {
     "libero": "envs.libero:check_config",
+    "text": "envs.text:check_config",
 })

@@ -51,6 +51,9 @@ import yaml
 
 from envs.vector_env import EnvSetupError, VectorEnv, read_options
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.*.task_suite_name",)
+
 # The published evaluations' episode limits (OpenVLA-OFT, openpi), in policy steps.
 SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300,
                    "libero_10": 520, "libero_90": 400}

@@ -34,6 +34,9 @@ import numpy as np
 
 from envs.vector_env import RENDER_IMAGES, EnvSetupError, VectorEnv, read_options
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.*.num_processes", "env.*.init_params")
+
 LAVAPIPE_ICD = Path(os.environ.get("LAVAPIPE_DIR", "/opt/lavapipe")) / "lvp_icd.json"
 
 

@@ -148,6 +148,31 @@ def _verifier() -> Verifier:
     return _VERIFIER
 
 
+class _PromptStream:
+    """What ``check_config`` describes: prompts have no enumerated reset-state names."""
+
+    @staticmethod
+    def reset_state_names() -> None:
+        return None
+
+
+def check_config(cfg: Mapping[str, Any]) -> _PromptStream:
+    """The env keys a text env cannot honour, refused in the driver before any worker starts."""
+    if cfg.get("each_reset_state_once"):
+        raise EnvSetupError("each_reset_state_once: not supported by the text env, because an eval "
+                            "already answers each of its total_num_envs prompts once")
+    if cfg.get("task_suite_name") is not None:
+        raise EnvSetupError("task_suite_name: not supported by the text env, because its prompts come "
+                            "from init_params.data_paths")
+    for key, wanted in (("max_episode_steps", 1), ("auto_reset", False), ("ignore_terminations", False),
+                        ("use_rel_reward", False)):
+        if cfg[key] != wanted:
+            raise EnvSetupError(f"{key}={cfg[key]!r}: the text env needs {wanted} (one response per episode)")
+    if cfg["video_cfg"]["save_video"]:
+        raise EnvSetupError("video_cfg.save_video: the text env has no frames to record")
+    return _PromptStream()
+
+
 class TextEnv:
     """``num_envs`` single-step envs over a prompt set; the vector-env interface of DESIGN.md."""
 
@@ -155,16 +180,10 @@ class TextEnv:
 
     def __init__(self, cfg: Mapping[str, Any], num_envs: int, seed_offset: int = 0):
         options = read_options(cfg, num_envs, seed_offset)
-        if cfg.get("each_reset_state_once"):
-            raise EnvSetupError("env.*.each_reset_state_once: not supported by the text env, because "
-                                "an eval already answers each of its total_num_envs prompts once")
-        for key, wanted in (("max_episode_steps", 1), ("auto_reset", False), ("ignore_terminations", False),
-                            ("use_rel_reward", False)):
-            if options[key] != wanted:
-                raise EnvSetupError(f"env.*.{key}={options[key]!r}: the text env needs {wanted} "
-                                    "(one response per episode)")
-        if cfg["video_cfg"]["save_video"]:
-            raise EnvSetupError("env.*.video_cfg.save_video: the text env has no frames to record")
+        try:
+            check_config(cfg)
+        except EnvSetupError as err:
+            raise EnvSetupError(f"env.*.{err}") from None
         params = cfg["init_params"]
         self.tokenizer = load_tokenizer(params)
         self.prompts, self.filtered = load_prompts(params, self.tokenizer)
@@ -179,7 +198,8 @@ class TextEnv:
             raise EnvSetupError("env.*.init_params.pass_at_group needs groups: group_size > 1 with "
                                 "use_fixed_reset_state_ids")
         self.num_streams = int(cfg["total_num_envs"]) // unit
-        self.eos = self.tokenizer.eos_token_id
+        eos = params.get("eos_token_id")  # rollout.eos: where the policy stops, where responses end
+        self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
         self._episode = np.full(num_envs, -1, np.int64)
         self._current: list[Prompt] = []

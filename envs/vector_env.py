@@ -55,6 +55,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.*.env_type", "env.*.total_num_envs", "env.*.auto_reset", "env.*.ignore_terminations",
+               "env.*.use_fixed_reset_state_ids", "env.*.group_size", "env.*.max_episode_steps",
+               "env.*.use_rel_reward", "env.*.reward_coef", "env.*.seed", "env.*.each_reset_state_once",
+               "env.*.video_cfg.save_video")
+
 Obs = dict[str, Any]
 # Frames [B, H, W, 3] uint8 that a simulator renders only for videos, when its observations hold
 # no camera images (ManiSkill with obs_mode state and video_cfg.save_video on). The video

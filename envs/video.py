@@ -30,6 +30,10 @@ from PIL import Image, ImageDraw, ImageFont
 
 from envs.vector_env import RENDER_IMAGES, EnvSetupError
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.*.video_cfg.info_on_video", "env.*.video_cfg.per_episode", "env.*.video_cfg.fps",
+               "env.*.video_cfg.video_base_dir")
+
 MACRO_BLOCK = 16  # h264 wants frame sides divisible by this; frames are padded, never rescaled
 
 

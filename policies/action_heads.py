@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
+from embodied.schema import unknown_choice
 from policies.base import model_option
 
-ACTION_DISTRIBUTIONS = ("gaussian", "bins")
 HIDDEN_GAIN = math.sqrt(2.0)
 ACTION_GAIN = 0.01 * math.sqrt(2.0)
 VALUE_GAIN = 1.0
@@ -94,8 +94,5 @@ def build_action_head(cfg, in_dim: int, num_action_chunks: int, action_dim: int)
     if kind == "gaussian":
         return GaussianActionHead(in_dim, num_action_chunks, action_dim, float(model_option(cfg, "init_log_std")))
     if kind == "bins":
-        n_bins = int(cfg.get("n_action_bins") or 0)
-        if n_bins < 2:
-            raise ValueError(f"actor.model.n_action_bins must be >= 2 for action_distribution bins, got {n_bins}")
-        return BinnedActionHead(in_dim, num_action_chunks, action_dim, n_bins)
-    raise ValueError(f"actor.model.action_distribution must be one of {ACTION_DISTRIBUTIONS}, got {kind!r}")
+        return BinnedActionHead(in_dim, num_action_chunks, action_dim, int(model_option(cfg, "n_action_bins")))
+    raise unknown_choice("actor.model.action_distribution", kind)

@@ -21,6 +21,10 @@ from policies.base import ActOutput, EvaluateOutput, Policy, model_option
 
 
 class SmallActorCritic(Policy):
+    config_keys = ("hidden_dims", "state_dim", "action_distribution", "n_action_bins", "init_log_std",
+                   "add_value_head", "gradient_checkpointing")
+    refused_keys = {"is_lora": "LoRA adapters, because small policies train all their weights"}
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         self.add_value_head = bool(model_option(cfg, "add_value_head"))

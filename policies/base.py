@@ -25,15 +25,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from embodied.schema import check, unknown_choice
 from policies.weights import full_tensor, is_writer
 
-LOGPROB_LEVELS = ("token_level", "action_level", "chunk_level")
-VALUE_TYPES = ("chunk_level", "action_level")
 MODEL_FILE = "model.pt"
 VALUE_HEAD = "value_head"  # attribute name of the critic part, which trains with optim.value_lr
 
@@ -64,7 +63,7 @@ def reduce_logprobs(logprobs: Tensor, level: str) -> Tensor:
         return logprobs.sum(dim=-1)
     if level == "chunk_level":
         return logprobs.sum(dim=(-2, -1))
-    raise ValueError(f"algorithm.logprob_type must be one of {LOGPROB_LEVELS}, got {level!r}")
+    raise unknown_choice("algorithm.logprob_type", level)
 
 
 def model_option(cfg: Mapping[str, Any], key: str) -> Any:
@@ -77,18 +76,18 @@ def model_option(cfg: Mapping[str, Any], key: str) -> Any:
 class Policy(nn.Module, ABC):
     """Base of all policies: the shape contract and the common config keys."""
 
+    # The actor.model keys a class reads (each class lists its own; a policy reads those of its
+    # classes), and the keys of its model schema it refuses when set, with why. tests/test_schema.py
+    # checks that every key of a model's schema is read or refused.
+    config_keys: ClassVar[tuple[str, ...]] = ("model_type", "action_dim", "num_action_chunks", "value_type")
+    refused_keys: ClassVar[dict[str, str]] = {}
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__()
+        check(cfg, "actor.model.", cfg.get("model_type"))
         self.action_dim = int(model_option(cfg, "action_dim"))
         self.num_action_chunks = int(model_option(cfg, "num_action_chunks"))
-        if self.action_dim < 1 or self.num_action_chunks < 1:
-            raise ValueError(
-                "actor.model.action_dim and num_action_chunks must be >= 1, got "
-                f"{self.action_dim} and {self.num_action_chunks}"
-            )
         self.value_type = model_option(cfg, "value_type")
-        if self.value_type not in VALUE_TYPES:
-            raise ValueError(f"actor.model.value_type must be one of {VALUE_TYPES}, got {self.value_type!r}")
 
     @abstractmethod
     def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:

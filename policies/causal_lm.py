@@ -32,12 +32,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
+from policies.weights import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LORA_TARGETS = r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
 
 class CausalLMPolicy(Policy):
+    config_keys = ("model_path", "precision", "attn_implementation", "trust_remote_code", "low_cpu_mem_usage",
+                   "tokenizer_model", "tokenizer_use_fast", "tokenizer_trust_remote_code", "eos_token_id",
+                   "pad_token_id", "max_prompt_length", "is_lora", "lora_rank", "lora_path", "temperature",
+                   "top_k", "top_p", "repetition_penalty", "min_new_tokens", "gradient_checkpointing")
+    refused_keys = {"add_value_head": "a value head, because causal_lm has none (GRPO needs no critic: "
+                                      "algorithm.adv_type grpo)"}
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,8 +99,8 @@ class CausalLMPolicy(Policy):
         config = GenerationConfig(
             max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample,
             temperature=s["temperature"] if do_sample else None,
-            top_k=s["top_k"] if do_sample and s["top_k"] < vocab else None,
-            top_p=s["top_p"] if do_sample and s["top_p"] < 1.0 else None,
+            top_k=s["top_k"] if do_sample and 0 < s["top_k"] < vocab else 0,  # 0: off (None would take
+            top_p=s["top_p"] if do_sample else 1.0,  # the checkpoint's generation_config values)
             repetition_penalty=s["repetition_penalty"], eos_token_id=self.eos, pad_token_id=self.pad,
             output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)

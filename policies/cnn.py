@@ -22,6 +22,9 @@ from policies.base import model_option
 
 
 class CNNPolicy(SmallActorCritic):
+    config_keys = ("image_size", "conv_channels", "conv_kernels", "conv_strides", "image_feature_dim",
+                   "state_feature_dim")
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         height, width = (int(x) for x in model_option(cfg, "image_size"))

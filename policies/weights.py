@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 MAX_LISTED = 20
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # config names of dtypes
 
 
 class CheckpointError(ValueError):

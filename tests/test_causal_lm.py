@@ -129,3 +129,20 @@ def test_lora_checkpoint_is_the_peft_adapter_and_reads_back_strictly(tiny_math, 
     with pytest.raises(CheckpointError, match="lora_rank"):
         CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True, lora_rank=8,
                             lora_path=str(tmp_path / "lora" / "lora_adapter")))
+
+
+def test_sampling_options_are_ours_not_the_checkpoints_generation_config(tiny_math, tmp_path):
+    """A checkpoint whose generation_config.json samples top-1 / top-p 0.01 (near greedy) must not
+    narrow sampling that algorithm.sampling_params leaves open (top_k off, top_p 1)."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_math["model"], model)
+    (model / "generation_config.json").write_text(json.dumps({"top_k": 1, "top_p": 0.01, "do_sample": True}))
+    obs = _obs(tiny_math)
+    for options in (dict(top_k=1000000), dict(top_k=-1), dict(top_k=0)):
+        policy = CausalLMPolicy(_cfg(model, **options))
+        greedy = policy.act(obs, do_sample=False).actions
+        torch.manual_seed(5)
+        assert not torch.equal(policy.act(obs).actions, greedy), options

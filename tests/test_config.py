@@ -121,7 +121,7 @@ BAD = [
     (["actor.micro_batch_size=0"], "actor.micro_batch_size = 0: expected a number >= 1"),
     (["actor.global_batch_size=0"], "actor.global_batch_size = 0: expected a number >= 1"),
     (["env.train.total_num_envs=0"], "env.train.total_num_envs = 0: expected a number >= 1"),
-    (["data.max_prompt_length=2048"], "data.max_prompt_length = 2048: expected fewer tokens than runner.seq_length (2048)"),
+    (["data.max_prompt_length=2048"], "data.max_prompt_length: not supported here, because only text envs"),
     (["cluster.component_placement.actor=all", "actor.micro_batch_size=200", "actor.global_batch_size=300"], "actor.global_batch_size = 300: expected a multiple of actor.micro_batch_size (200) x 2 actor rank(s) = 400"),
     (["actor.global_batch_size=600", "actor.micro_batch_size=100"], "actor.global_batch_size = 600: expected a divisor of the 3200 samples"),
     (["env.train.total_num_envs=15"], "env.train.total_num_envs = 15: expected a multiple of 2 env worker(s) x rollout.pipeline_stage_num (1) x env.train.group_size (1) = 2"),

@@ -16,12 +16,10 @@ REF = torch.tensor([-1.5, -1.0])
     "kind, expected",
     [
         ("kl", [0.5, -1.0]),
-        ("k1", [0.5, -1.0]),
         ("abs", [0.5, 1.0]),
         ("mse", [0.125, 0.5]),  # 0.5 * d^2
         # exp(-d) + d - 1: exp(-0.5) - 0.5 = 0.1065307, e - 2 = 0.7182818
         ("low_var_kl", [math.exp(-0.5) - 0.5, math.e - 2.0]),
-        ("k3", [math.exp(-0.5) - 0.5, math.e - 2.0]),
     ],
 )
 def test_kl_penalty_by_hand(kind, expected):

@@ -186,3 +186,20 @@ def test_bad_data_is_one_message_naming_file_line_and_key(tmp_path, tiny_math, c
 def test_each_reset_state_once_is_refused_by_the_text_env(tiny_math):
     with pytest.raises(EnvSetupError, match="each_reset_state_once: not supported by the text env"):
         TextEnv(_env_cfg(tiny_math, each_reset_state_once=True), num_envs=8)
+
+
+def test_responses_end_at_the_configured_eos(tiny_math):
+    """rollout.eos reaches the env (init_params.eos_token_id): a response ends where the policy
+    stops, not at the tokenizer's EOS."""
+    env = TextEnv(_env_cfg(tiny_math), num_envs=8)
+    stop = env.tokenizer("+")["input_ids"][-1]
+    custom = TextEnv(_env_cfg(tiny_math, init_params={"eos_token_id": stop}), num_envs=8)
+    rows = read_jsonl(tiny_math["data"] / "test.jsonl")
+    tokens = np.full((8, 1, 12), env.pad)
+    for i, row in enumerate([rows[0]] * 4 + [rows[1]] * 4):
+        seq = env.tokenizer(row["answer"])["input_ids"] + [stop] + env.tokenizer("7")["input_ids"] + [env.eos]
+        tokens[i, 0, :len(seq)] = seq
+    for e in (env, custom):
+        e.reset()
+    assert env.chunk_step(tokens)[1][:, 0].tolist() == [-2.0] * 8  # '<answer>+7' is not the answer
+    assert custom.eos == stop and custom.chunk_step(tokens)[1][:, 0].tolist() == [2.0] * 8

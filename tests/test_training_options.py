@@ -11,9 +11,10 @@ import torch
 from omegaconf import OmegaConf
 
 from embodied.cli import load
-from embodied.config import CONFIG_DIR, ConfigError, compose
+from embodied.config import ConfigError, compose
 from embodied.training_options import autocast, build_optimizer, fsdp_options
-from embodied.validate import REFUSED, refuse_unsupported
+from embodied import schema
+from embodied.refused import REFUSED, refusal, refuse_unsupported
 from policies import build_policy
 from policies.actor_critic import checkpoint_trunks
 
@@ -111,18 +112,19 @@ def _other_value(value):
     return "x"  # strings and nulls
 
 
-def test_each_refused_key_stops_the_command_naming_it():
-    """For every entry of the table, its first leaf set to another value than the default."""
-    base = OmegaConf.to_container(compose("maniskill_ppo_mlp"))
+def test_the_refused_keys_are_keys_of_the_schema():
+    leaves = schema.leaves()
+    assert [key for key in REFUSED if not any(k == key or k.startswith(key + ".") for k in leaves)] == []
+
+
+@pytest.mark.parametrize("config,model_type", [("maniskill_ppo_mlp", "mlp"), ("maniskill_ppo_openvla_oft", "openvla_oft")])
+def test_each_refused_key_stops_the_command_naming_it(config, model_type):
+    """Every leaf that the table refuses, set to another value than its default."""
+    base = OmegaConf.to_container(compose(config))
     refuse_unsupported(OmegaConf.create(base))  # the defaults pass
-    schema = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "base.yaml"), resolve=False)
-    for key in sorted(REFUSED):
-        node, path = schema, key
-        for part in key.split("."):
-            node = node[part]
-        while isinstance(node, dict):  # the first leaf under a refused subtree
-            first = next(iter(node))
-            node, path = node[first], f"{path}.{first}"
+    leaves = schema.leaves(model_type)
+    for path in [k for k in leaves if refusal(k)]:
+        node = leaves[path].default
         cfg = OmegaConf.create(base)
         OmegaConf.update(cfg, path, _other_value(None if isinstance(node, str) and "${" in node else node))
         with pytest.raises(ConfigError) as info:

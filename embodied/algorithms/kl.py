@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_ALIASES = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var_kl": "low_var_kl", "k3": "low_var_kl"}
-KL_PENALTY_TYPES = tuple(_ALIASES)
+from embodied.schema import unknown_choice
 
 # k3 grows like exp(-log_ratio): one token far off the reference would swamp the mean.
 _LOW_VAR_KL_MAX = 10.0
@@ -24,14 +23,13 @@ _LOW_VAR_KL_MAX = 10.0
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kl_penalty_type: str) -> Tensor:
     """Elementwise KL estimate, same shape as ``logprobs``; gradients flow through ``logprobs``."""
-    kind = _ALIASES.get(kl_penalty_type)
-    if kind is None:
-        raise ValueError(f"algorithm.kl_penalty_type must be one of {KL_PENALTY_TYPES}, got {kl_penalty_type!r}")
     log_ratio = logprobs - ref_logprobs
-    if kind == "kl":
+    if kl_penalty_type == "kl":
         return log_ratio
-    if kind == "abs":
+    if kl_penalty_type == "abs":
         return log_ratio.abs()
-    if kind == "mse":
+    if kl_penalty_type == "mse":
         return 0.5 * log_ratio.square()
-    return (torch.exp(-log_ratio) + log_ratio - 1.0).clamp(max=_LOW_VAR_KL_MAX)
+    if kl_penalty_type == "low_var_kl":
+        return (torch.exp(-log_ratio) + log_ratio - 1.0).clamp(max=_LOW_VAR_KL_MAX)
+    raise unknown_choice("algorithm.kl_penalty_type", kl_penalty_type)

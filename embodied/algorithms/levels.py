@@ -21,16 +21,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-REWARD_TYPES = ("chunk_level", "action_level")
-LOGPROB_TYPES = ("token_level", "action_level", "chunk_level")
+from embodied.schema import choices, unknown_choice
 
 
 def check_levels(reward_type: str, logprob_type: str) -> None:
     """Fail early on unknown or incompatible ``algorithm.reward_type`` / ``logprob_type``."""
-    if reward_type not in REWARD_TYPES:
-        raise ValueError(f"algorithm.reward_type must be one of {REWARD_TYPES}, got {reward_type!r}")
-    if logprob_type not in LOGPROB_TYPES:
-        raise ValueError(f"algorithm.logprob_type must be one of {LOGPROB_TYPES}, got {logprob_type!r}")
+    for key, value in (("algorithm.reward_type", reward_type), ("algorithm.logprob_type", logprob_type)):
+        if value not in choices(key):
+            raise unknown_choice(key, value)
     if reward_type == "action_level" and logprob_type == "chunk_level":
         raise ValueError(
             "algorithm.logprob_type chunk_level needs algorithm.reward_type chunk_level "
@@ -49,7 +47,7 @@ def chunks_to_steps(x: Tensor, reward_type: str, reduce: str = "sum") -> Tensor:
     if reward_type == "action_level":
         steps, batch, chunk = x.shape[:3]
         return x.transpose(1, 2).reshape(steps * chunk, batch, *x.shape[3:])
-    raise ValueError(f"algorithm.reward_type must be one of {REWARD_TYPES}, got {reward_type!r}")
+    raise unknown_choice("algorithm.reward_type", reward_type)
 
 
 def values_to_steps(values: Tensor, reward_type: str) -> Tensor:

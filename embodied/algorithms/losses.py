@@ -16,8 +16,13 @@ from torch import Tensor
 
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.levels import expand_like
+from embodied.schema import choices, unknown_choice
 
-LOSS_AGG_FUNCS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high",
+               "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.value_loss_coef",
+               "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio")
+
 # bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
 MAX_LOG_RATIO = 20.0
 
@@ -37,8 +42,8 @@ def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Ten
     Samples without a valid token are left out of the sample mean; an all-masked batch gives 0
     (still attached to the graph, so distributed backward passes stay in step).
     """
-    if loss_agg_func not in LOSS_AGG_FUNCS:
-        raise ValueError(f"algorithm.loss_agg_func must be one of {LOSS_AGG_FUNCS}, got {loss_agg_func!r}")
+    if loss_agg_func not in choices("algorithm.loss_agg_func"):
+        raise unknown_choice("algorithm.loss_agg_func", loss_agg_func)
     mask = torch.ones_like(loss) if mask is None else mask.to(loss.dtype)
     if loss_agg_func == "token-mean":
         return (loss * mask).sum() / mask.sum().clamp(min=1.0)

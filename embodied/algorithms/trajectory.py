@@ -30,7 +30,13 @@ from embodied.algorithms.levels import (
     steps_to_chunks,
     values_to_steps,
 )
+from embodied.schema import unknown_choice
 from policies.base import reduce_logprobs
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("algorithm.adv_type", "algorithm.group_size", "algorithm.gamma", "algorithm.gae_lambda",
+               "algorithm.bootstrap_at_done", "algorithm.norm_adv_by_std_in_grpo", "algorithm.kl_penalty",
+               "algorithm.filter_rewards", "algorithm.reward_type")
 
 
 def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
@@ -80,7 +86,7 @@ def training_samples(traj: Mapping[str, Any], algo: Mapping[str, Any],
         advantages = grpo_advantages(scores, algo["group_size"], normalize_std=algo["norm_adv_by_std_in_grpo"])
         advantages = advantages.expand_as(rewards) * mask
     else:
-        raise ValueError(f"algorithm.adv_type must be gae or grpo, got {algo['adv_type']!r}")
+        raise unknown_choice("algorithm.adv_type", algo["adv_type"])
 
     out["advantages"] = _flat(steps_to_chunks(advantages, chunks, reward_type))
     out["mask"] = _flat(steps_to_chunks(mask, chunks, reward_type))

@@ -37,6 +37,16 @@ from policies import build_policy
 from policies.actor_critic import SmallActorCritic, checkpoint_trunks
 from policies.base import reduce_logprobs, split_value_parameters
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("algorithm.kl_beta", "algorithm.normalize_advantages", "algorithm.entropy_bonus",
+               "algorithm.calculate_entropy", "algorithm.use_kl_in_reward", "algorithm.target_kl",
+               "algorithm.logprob_type", "algorithm.entropy_type", "algorithm.update_epochs",
+               "algorithm.logprob_forward_micro_batch_size", "rollout.recompute_logprobs",
+               "actor.channel.queue_name", "actor.micro_batch_size", "actor.global_batch_size",
+               "actor.seed", "actor.optim.lr", "actor.optim.value_lr", "actor.optim.clip_grad",
+               "actor.optim.max_skipped_updates", "actor.model.is_lora",
+               "actor.model.gradient_checkpointing")
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 

@@ -19,6 +19,10 @@ from embodied.worker import Worker
 from envs.episode_stats import EpisodeStats
 from envs.vector_env import make_vector_env
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.channel.queue_name", "env.non_finite", "rollout.channel.queue_name",
+               "rollout.pipeline_stage_num")
+
 
 def obs_key(cfg: DictConfig, split: str, env_rank: int, stage: int) -> str:
     return f"{cfg.env.channel.queue_name}/{split}/{env_rank}/{stage}"

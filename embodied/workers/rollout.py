@@ -16,6 +16,9 @@ from embodied.worker import Worker
 from embodied.workers.env import action_key, obs_key
 from policies import build_policy
 
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("actor.model.do_sample", "actor.model.add_value_head", "actor.model.is_lora")
+
 
 def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> list[tuple[int, int, int, int]]:
     """How rollout ranks' env columns split over actor ranks: ``(rollout, actor, start, stop)``.

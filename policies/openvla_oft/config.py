@@ -14,6 +14,8 @@ from typing import Any
 
 from transformers import LlamaConfig
 
+from embodied.schema import check
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -158,11 +160,6 @@ class VLAConfig:
         return out
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-ACTION_HEADS = ("discrete", "l1_regression")
-ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
-
-
 @dataclass(frozen=True)
 class PolicyOptions:
     """The ``actor.model`` keys this policy reads besides the common ones of ``policies.base``
@@ -217,24 +214,11 @@ class PolicyOptions:
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
-        if self.action_head not in ACTION_HEADS:
-            raise bad("action_head", f"one of {list(ACTION_HEADS)}")
-        if self.precision not in PRECISIONS:
-            raise bad("precision", f"one of {list(PRECISIONS)}")
-        if self.attn_implementation not in ATTENTIONS:
-            raise bad("attn_implementation", f"one of {list(ATTENTIONS)}")
-        for key in ("num_images_in_input", "max_prompt_length"):
-            if int(getattr(self, key)) < 1:
-                raise bad(key, "a positive integer")
-        if self.is_lora and self.lora_rank < 1:
-            raise bad("lora_rank", "a positive integer when is_lora is true")
+        try:
+            check({f.name: getattr(self, f.name) for f in fields(self)}, "actor.model.", "openvla_oft")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if not self.is_lora and self.lora_path:
             raise bad("lora_path", "null when is_lora is false")
-        if self.is_lora and self.lora_alpha <= 0:
-            raise bad("lora_alpha", "a positive number")
         if not self.is_lora and self.lora_target_modules is not None:
             raise bad("lora_target_modules", "null when is_lora is false")
-        if self.temperature <= 0:
-            raise bad("temperature", "a positive number")
-        if self.top_k < -1:
-            raise bad("top_k", "-1 or 0 (off: keep all bins) or a positive integer")

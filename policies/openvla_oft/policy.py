@@ -27,6 +27,7 @@ checkpoint folder with LoRA merged.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,8 @@ from policies.openvla_oft.normalization import (
     unnormalize_actions,
 )
 from policies.openvla_oft.preprocess import as_uint8_images, build_prompts, normalize_images, prepare_images
-from policies.weights import CheckpointError, check_keys, full_tensor, is_writer
+from policies.weights import DTYPES, CheckpointError, check_keys, full_tensor, is_writer
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INPUT_KEYS = ("input_ids", "attention_mask", "images", "proprio")
 LOG_STD = "action_log_std"
 FULL_MODEL_DIR = "model"
@@ -108,6 +108,14 @@ class OpenVLAOFTPolicy(Policy):
     heads, projector; see ``checkpoint.inspect_folder``), LoRA adapters (fresh or from
     ``lora_path``), a value head and, with the L1 head, the Gaussian's log-std (fresh, or read
     from the folder's RL tensors). Parameters are created on ``device`` in ``precision``."""
+
+    config_keys = tuple(f.name for f in fields(PolicyOptions))
+    refused_keys = {
+        "low_cpu_mem_usage": "low_cpu_mem_usage, because openvla_oft builds its modules itself and "
+                             "loads the weights into them",
+        "trust_remote_code": "remote code, because openvla_oft is implemented here and never runs a "
+                             "checkpoint's modeling code",
+    }
 
     def __init__(self, cfg: Mapping[str, Any], device: str | torch.device = "cpu"):
         super().__init__(cfg)

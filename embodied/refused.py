@@ -1,0 +1,196 @@
+"""Keys of the schema that nothing reads here, and why: a key set to anything but its default
+where it has no effect stops the command before anything starts with one line,
+``<key>: not supported: <what>, because <why>``.
+
+``REFUSED`` lists the keys that never work in this framework (they stay in the schema so that
+configs written for the reference load when they leave them alone); ``not_read_here`` the keys
+that only some models, heads or envs read. Every other key of the schema is read by the code
+that declares it in ``CONFIG_KEYS`` (tests/test_schema.py holds that invariant).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from embodied import schema
+from embodied.config import ConfigError
+from policies import POLICIES
+
+MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
+FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
+ENGINE = ("a generation-engine option (SGLang, vLLM), because generation runs on Hugging Face "
+          "generate here (rollout.backend)")
+ARCHITECTURE = "an architecture flag, because a model's architecture comes from its checkpoint's config.json"
+PER_GPU = ("per-device batch sizes, because training micro-batches are actor.micro_batch_size samples "
+           "and rollouts run whole env stages")
+REFUSED: dict[str, str] = {
+    "runner.enable_dynamic_batch_size": "token-budget micro-batches, because micro-batches hold "
+                                        "actor.micro_batch_size samples",
+    "runner.max_tokens_per_mbs": "token-budget micro-batches, because micro-batches hold "
+                                 "actor.micro_batch_size samples",
+    "algorithm.loss_type": "other losses than ppo, because the actor trains the PPO clipped surrogate "
+                           "(GRPO is algorithm.adv_type grpo)",
+    "algorithm.use_valid_token_scale": "scaling by valid tokens, because losses always weigh tokens by "
+                                       "the valid-token mask (algorithm.loss_agg_func)",
+    "algorithm.n_minibatches": "setting the updates per batch, because they follow from "
+                               "actor.global_batch_size (samples per step / global_batch_size)",
+    "algorithm.val_rollout_batch_size_per_gpu": PER_GPU,
+    "algorithm.training_batch_size_per_gpu": PER_GPU,
+    "algorithm.rollout_batch_size_per_gpu": PER_GPU,
+    "algorithm.length_params": "token length limits of embodied generation, because an action chunk "
+                               "is always num_action_chunks x action_dim tokens",
+    "data.type": "other dataset families than math, because the text env verifies math answers",
+    "data.num_workers": "data loader workers, because the text env workers read the prompts",
+    "rollout.mode": "choosing the mode, because it follows from cluster.component_placement "
+                    "(collocated, disaggregated or hybrid, printed at start)",
+    "rollout.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
+    "rollout.model": "a rollout model of its own, because rollout workers run actor.model with the "
+                     "weights the actor syncs every step",
+    "rollout.backend": "engines other than huggingface, because SGLang and vLLM need CUDA and have no "
+                       "adapter here (generation runs on Hugging Face generate)",
+    "rollout.gpu_memory_utilization": ENGINE,
+    "rollout.enforce_eager": ENGINE,
+    "rollout.distributed_executor_backend": ENGINE,
+    "rollout.disable_log_stats": ENGINE,
+    "rollout.attention_backend": ENGINE + "; the policy's attention is actor.model.attn_implementation",
+    "rollout.tensor_parallel_size": ENGINE,
+    "rollout.pipeline_parallel_size": ENGINE,
+    "rollout.sglang_decode_log_interval": ENGINE,
+    "rollout.max_running_requests": ENGINE,
+    "rollout.cuda_graph_max_bs": ENGINE,
+    "rollout.use_torch_compile": ENGINE,
+    "rollout.torch_compile_max_bs": ENGINE,
+    "rollout.detokenize": "detokenized rollouts, because the text env decodes responses itself "
+                          "(validation samples go to samples.jsonl in runner.logger.log_path)",
+    "rollout.print_outputs": "printing rollouts, because validation samples go to samples.jsonl in "
+                             "runner.logger.log_path",
+    "rollout.validate_weight": "weight comparison dumps, because they are not implemented",
+    "rollout.validate_save_dir": "weight comparison dumps, because they are not implemented",
+    "actor.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
+    "actor.training_backend": "megatron, because the Megatron backend is not available (the actor "
+                              "trains with FSDP2)",
+    "actor.megatron": MEGATRON,
+    "actor.mcore_gpt": MEGATRON,
+    "actor.spec_name": MEGATRON,
+    "actor.offload_optimizer": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.offload_weight": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.offload_grad": MEGATRON + "; use actor.fsdp_config.cpu_offload",
+    "actor.optim.use_distributed_optimizer": MEGATRON + " (FSDP2 always shards the optimizer state)",
+    "actor.optim.overlap_grad_reduce": MEGATRON,
+    "actor.optim.overlap_param_gather": MEGATRON,
+    "actor.optim.overlap_param_gather_with_optimizer_step": MEGATRON,
+    "actor.optim.optimizer_enable_pin": MEGATRON,
+    "actor.optim.loss_scale_window": MEGATRON + "; fp16 loss scaling is actor.fsdp_config.grad_scaler",
+    "actor.optim.bf16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
+    "actor.optim.fp16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
+    "actor.enable_dp_load_balance": MEGATRON,
+    "actor.calculate_flops": "FLOP counting, because it is not implemented",
+    "actor.tokenizer.tokenizer_type": "other tokenizer types, because tokenizers load with Hugging Face "
+                                      "AutoTokenizer",
+    "actor.tokenizer.extra_vocab_size": "extra vocabulary, because the tokenizer's vocabulary is the "
+                                        "checkpoint's",
+    "actor.tokenizer.padding_side": "right padding, because prompts are left-padded for batched generation",
+    "actor.fsdp_config.strategy": "FSDP1, because only FSDP2 (fully_shard) is implemented",
+    "actor.fsdp_config.sharding_strategy": "other strategies than full_shard, because FSDP2 always shards "
+                                           "fully (reshard_after_forward: false keeps parameters "
+                                           "gathered, like shard_grad_op)",
+    "actor.fsdp_config.enable_gradient_accumulation": FSDP1 + ", which syncs only the last micro-batch",
+    "actor.fsdp_config.forward_prefetch": FSDP1 + ", which prefetches by itself",
+    "actor.fsdp_config.limit_all_gathers": FSDP1,
+    "actor.fsdp_config.backward_prefetch": FSDP1 + ", which prefetches by itself",
+    "actor.fsdp_config.use_orig_params": FSDP1 + ", which always keeps the original parameters",
+    "actor.fsdp_config.use_liger_kernel": "Liger kernels, because they need CUDA and no policy uses them",
+    "actor.fsdp_config.fsdp_size": "hybrid sharding, because shard groups smaller than the actor "
+                                   "are not implemented",
+    "actor.fsdp_config.mixed_precision.buffer_dtype": "a buffer dtype, because FSDP2 keeps buffers "
+                                                      "in their own dtype",
+    "reward.use_reward_model": "a reward model, because rewards come from the envs (task success, "
+                               "verified answers)",
+    "reward.reward_type": "other reward types than math, because the text env's verifier scores math answers",
+    "critic.use_critic_model": "a separate critic model, because PPO's critic here is the "
+                               "policy's value head (actor.model.add_value_head)",
+    # actor.model keys of the reference's configs that no policy reads
+    "actor.model.add_bias_linear": ARCHITECTURE,
+    "actor.model.add_qkv_bias": ARCHITECTURE,
+    "actor.model.val_micro_batch_size": "a value micro-batch, because values come out of the rollout's "
+                                        "forward pass",
+    "actor.model.policy_setup": "robot setups, because the env adapters set up the robot (no SimplerEnv "
+                                "adapter exists)",
+    **{f"actor.model.{key}": MEGATRON for key in (
+        "tensor_model_parallel_size", "pipeline_model_parallel_size", "activation", "sequence_parallel",
+        "recompute_method", "recompute_granularity", "recompute_num_layers", "seq_length",
+        "encoder_seq_length", "normalization", "position_embedding_type", "apply_rope_fusion",
+        "bias_dropout_fusion", "persist_layer_norm", "bias_activation_fusion",
+        "attention_softmax_in_fp32", "batch_p2p_comm", "variable_seq_lengths",
+        "gradient_accumulation_fusion", "moe_token_dispatcher_type", "use_cpu_initialization",
+        "megatron_checkpoint")},
+}
+
+
+def not_read_here(cfg: DictConfig) -> dict[str, str]:
+    """Keys that only some models, heads or envs read, with why this config's do not."""
+    model = cfg.actor.model
+    kind = model.model_type
+    head = model.get("action_distribution") or model.get("action_head")
+    lm = kind == "causal_lm"
+    text = any(cfg.env[s] and cfg.env[s].env_type == "text" for s in schema.ENV_SPLITS)
+    out: dict[str, str] = {}
+    if not lm:
+        why = f"{kind} does not generate text (causal_lm does)"
+        for key in ("algorithm.sampling_params.top_p", "algorithm.sampling_params.repetition_penalty",
+                    "algorithm.sampling_params.min_new_tokens", "algorithm.sampling_params.max_new_tokens",
+                    "runner.seq_length", "rollout.eos",
+                    "rollout.padding"):
+            out[key] = why
+        out["actor.tokenizer"] = f"{kind} reads the tokenizer saved in its checkpoint"
+    if not lm and head != "discrete":
+        why = f"{kind}{f' with the {head} head' if head else ''} samples no token logits"
+        for key in ("algorithm.sampling_params.temperature", "algorithm.sampling_params.top_k",
+                    "actor.model.temperature", "actor.model.top_k"):
+            out[key] = why
+    if head not in ("gaussian", "l1_regression"):
+        out["actor.model.init_log_std"] = f"the {head} head has no Gaussian std"
+    if head != "bins":
+        out["actor.model.n_action_bins"] = f"the {head} head has no bins"
+    if kind != "openvla_oft":
+        out["runner.max_prompt_length"] = f"{kind} reads no task description prompt (openvla_oft does)"
+    if not model.get("is_lora"):
+        out["actor.model.lora_path"] = "a LoRA adapter needs actor.model.is_lora true"
+    if not text:
+        out["data"] = "only text envs (env_type text) read prompt data"
+    return out
+
+
+def refuse_unsupported(cfg: DictConfig) -> None:
+    """Stop at the first key of ``REFUSED`` or ``not_read_here`` (or a leaf under one) set to
+    anything but its schema default."""
+    scratch = OmegaConf.create(OmegaConf.to_container(cfg))  # to resolve defaults such as ${a.b}/c
+    here = not_read_here(cfg) if cfg.actor.model else {}
+    own = {}  # what the policy refuses of its own schema
+    if cfg.actor.model and cfg.actor.model.model_type in POLICIES:
+        own = {f"actor.model.{k}": why for k, why in POLICIES.get(cfg.actor.model.model_type).refused_keys.items()}
+    for path, leaf in schema.leaves(OmegaConf.select(cfg, "actor.model.model_type")).items():
+        why = _under(path, REFUSED) or _under(path, own)
+        where = None if why else _under(path, here)
+        if why is None and where is None:
+            continue
+        value: Any = leaf.default
+        if isinstance(value, str) and "${" in value:
+            scratch["_default_"] = value
+            value = scratch["_default_"]
+        if OmegaConf.select(cfg, path, default=value) != value:
+            if why is not None:
+                raise ConfigError(f"{path}: not supported: {why}")
+            raise ConfigError(f"{path}: not supported here, because {where}")
+
+
+def refusal(key: str) -> str | None:
+    """Why ``key`` never works (it or a node above it is in ``REFUSED``), or None."""
+    return _under(key, REFUSED)
+
+
+def _under(key: str, table: dict[str, str]) -> str | None:
+    parts = key.split(".")
+    return next((table[k] for i in range(len(parts), 0, -1) if (k := ".".join(parts[:i])) in table), None)

@@ -1,0 +1,189 @@
+"""Allowed values of config keys, declared once: in the comment next to each default in
+``config/``. A comment that starts with a rule constrains its key::
+
+    optimizer: adam     # {adam, adamw, sgd} ...       one of these values
+    gamma: 0.99         # [0, 1] discount               a number in the interval
+    lr: 3.0e-4          # (0, inf) ...                  ( ) excludes the bound, [ ] includes it
+    value_clip: 0.2     # (0, inf) or null: ...         and these values too
+    max_steps: -1       # [1, inf) or -1: ...
+
+A key whose default is null always accepts null. Rules are read from ``base.yaml`` (keys as
+written), ``env/base.yaml`` (``env.<split>.<key>``) and ``model/base.yaml`` + the model's own
+file (``actor.model.<key>``, the model's file winning). ``embodied.validate`` checks every rule
+before anything starts; code that dispatches on a choice reads the names here for its errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+ENV_SPLITS = ("train", "eval", "eval_pass_k")
+_INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
+_CHOICES = re.compile(r"^\{([^}]*)\}")
+_OR = re.compile(r"^\s+or ([^\s:;,]+)")
+
+
+class RuleError(ValueError):
+    """A malformed rule in a schema file (a bug of the schema, not of a user's config)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    choices: tuple[Any, ...] | None = None
+    low: float = -math.inf
+    high: float = math.inf
+    low_closed: bool = False
+    high_closed: bool = False
+    also: tuple[Any, ...] = ()  # values allowed besides the choices or interval (null, -1, ...)
+
+    def allows(self, value: Any) -> bool:
+        if any(value is a if a is None or isinstance(a, bool) else (value == a and not isinstance(value, bool))
+               for a in self.also):
+            return True
+        if value is None:
+            return False
+        if self.choices is not None:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        above = value >= self.low if self.low_closed else value > self.low
+        below = value <= self.high if self.high_closed else value < self.high
+        return above and below
+
+    def allowing(self, value: Any) -> Rule:
+        return self if value in self.also else Rule(**{**self.__dict__, "also": (*self.also, value)})
+
+    def expected(self) -> str:
+        """What the rule allows, for error messages."""
+        if self.choices is not None:
+            text = f"one of {list(self.choices)}"
+        else:
+            bounds = [f"{'>=' if self.low_closed else '>'} {_num(self.low)}"] if self.low > -math.inf else []
+            if self.high < math.inf:
+                bounds.append(f"{'<=' if self.high_closed else '<'} {_num(self.high)}")
+            text = "a number " + " and ".join(bounds)
+        return text + "".join(f" or {'null' if a is None else a}" for a in self.also)
+
+
+def parse_rule(comment: str) -> Rule | None:
+    """The rule a comment starts with, or None when it starts with prose."""
+    text = comment.strip()
+    if match := _CHOICES.match(text):
+        items = [item.strip() for item in match.group(1).split(",")]
+        if not all(items):
+            raise RuleError(f"empty choice in {text!r}")
+        rule = Rule(choices=tuple(yaml.safe_load(item) for item in items))
+    elif match := _INTERVAL.match(text):
+        opening, low, high, closing = match.groups()
+        try:
+            rule = Rule(low=float(low), high=float(high), low_closed=opening == "[", high_closed=closing == "]")
+        except ValueError:
+            raise RuleError(f"interval bounds must be numbers or inf in {text!r}") from None
+        if rule.low > rule.high:
+            raise RuleError(f"empty interval {text!r}")
+    elif text and text[0] in "[({":
+        raise RuleError(f"a comment starting with {text[0]!r} must be a rule: {text!r}")
+    else:
+        return None
+    if alternative := _OR.match(text[match.end():]):
+        rule = rule.allowing(yaml.safe_load(alternative.group(1)))
+    return rule
+
+
+@dataclass(frozen=True)
+class Leaf:
+    default: Any
+    rule: Rule | None
+    comment: str
+
+
+def read_leaves(path: Path, prefix: str = "") -> dict[str, Leaf]:
+    """Every leaf key of a schema file with its default, rule and comment (a key whose value is
+    a mapping is a node, not a leaf; ``{}`` is a leaf filled by a config group)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out: dict[str, Leaf] = {}
+
+    def walk(node: yaml.MappingNode, at: str) -> None:
+        for key_node, value in node.value:
+            key = f"{at}{key_node.value}"
+            if key_node.value == "defaults" and at == prefix:
+                continue
+            if isinstance(value, yaml.MappingNode) and value.value:
+                walk(value, key + ".")
+                continue
+            line = lines[value.end_mark.line]
+            rest = line[value.end_mark.column:] if value.end_mark.line == key_node.start_mark.line else ""
+            comment = rest.split("#", 1)[1] if "#" in rest else ""
+            try:
+                rule = parse_rule(comment)
+            except RuleError as err:
+                raise RuleError(f"{path.name} line {key_node.start_mark.line + 1} ({key}): {err}") from None
+            default = yaml.safe_load(yaml.serialize(value))
+            if rule is not None and default is None:
+                rule = rule.allowing(None)
+            out[key] = Leaf(default, rule, comment.strip())
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, prefix)
+    return out
+
+
+@functools.cache
+def leaves(model_type: str | None = None, config_dir: Path = CONFIG_DIR) -> dict[str, Leaf]:
+    """The whole schema's leaves: base.yaml, env/base.yaml under each split, and the model keys
+    of ``model_type`` (all model files' keys together when None)."""
+    out = read_leaves(config_dir / "base.yaml")
+    for split in ENV_SPLITS:
+        out.pop(f"env.{split}", None)
+        out |= read_leaves(config_dir / "env" / "base.yaml", f"env.{split}.")
+    out.pop("actor.model", None)
+    out |= read_leaves(config_dir / "model" / "base.yaml", "actor.model.")
+    types = [model_type] if model_type else sorted(p.stem for p in (config_dir / "model").glob("*.yaml")
+                                                   if p.stem != "base")
+    for name in types:
+        if (config_dir / "model" / f"{name}.yaml").exists():
+            for key, leaf in read_leaves(config_dir / "model" / f"{name}.yaml", "actor.model.").items():
+                kept = out.get(key)  # an own file that only changes the default keeps base's rule
+                out[key] = leaf if leaf.rule or kept is None else Leaf(leaf.default, kept.rule, leaf.comment)
+    return out
+
+
+def check(values: Mapping[str, Any], prefix: str, model_type: str | None = None) -> None:
+    """Raise ``ValueError`` naming the first of ``values`` (the keys under ``prefix``, e.g. a
+    policy's ``actor.model`` options) that its rule refuses; for code built without
+    ``embodied.validate`` in front (tests, benchmarks, notebooks)."""
+    rules = leaves(model_type)
+    for key, value in values.items():
+        leaf = rules.get(f"{prefix}{key}")
+        if leaf is None or leaf.rule is None or (isinstance(value, str) and "${" in value):
+            continue
+        if not leaf.rule.allows(value):
+            raise ValueError(f"{prefix}{key} = {value!r}: expected {leaf.rule.expected()}")
+
+
+def choices(key: str) -> tuple[Any, ...]:
+    """The allowed values of a choice key (for code that dispatches on it)."""
+    rule = leaves()[key].rule
+    if rule is None or rule.choices is None:
+        raise KeyError(f"{key} declares no choices in config/")
+    return rule.choices
+
+
+def unknown_choice(key: str, value: Any) -> ValueError:
+    """The error of a value a dispatch does not implement, naming the allowed ones."""
+    return ValueError(f"{key} = {value!r}: expected one of {list(choices(key))}")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

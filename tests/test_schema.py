@@ -1,0 +1,265 @@
+"""The schema's invariants: every key is read by the code that declares it or refused with a
+reason; allowed values are declared once, next to the default, and enforced; every declared
+choice is implemented; keys only some models, heads or envs read are refused elsewhere."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from embodied import refused, schema, validate
+from embodied.config import CONFIG_DIR, ConfigError, compose
+from embodied.schema import Rule, RuleError, parse_rule
+from policies import POLICIES
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = [p for d in ("embodied", "envs", "policies") for p in sorted((ROOT / d).rglob("*.py"))]
+MODEL_TYPES = POLICIES.names()
+
+
+# ----------------------------------------------------------------------------- rules
+def test_rules_parse_from_comments():
+    assert parse_rule(" {adam, adamw, sgd} adam = L2").choices == ("adam", "adamw", "sgd")
+    assert parse_rule("{1, 2}: images").choices == (1, 2)
+    rule = parse_rule("(0, inf) or null: clip")
+    assert rule.allows(0.1) and rule.allows(None) and not rule.allows(0) and not rule.allows(-1)
+    rule = parse_rule("[1, inf) or -1: steps")
+    assert rule.allows(1) and rule.allows(-1) and not rule.allows(0) and not rule.allows(True)
+    rule = parse_rule("[0, 1) beta")
+    assert rule.allows(0) and rule.allows(0.999) and not rule.allows(1) and not rule.allows("0.5")
+    assert rule.expected() == "a number >= 0 and < 1"
+    assert parse_rule("plain prose (with parentheses)") is None and parse_rule("") is None
+    for bad in ("[H, W] of the image", "(1, 0]", "{a, , b}", "[0, x)"):
+        with pytest.raises(RuleError):
+            parse_rule(bad)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_every_default_obeys_its_rule(model_type):
+    leaves = schema.leaves(model_type)
+    ruled = {k: leaf for k, leaf in leaves.items() if leaf.rule is not None}
+    assert len(ruled) > 80
+    for key, leaf in ruled.items():
+        if not (isinstance(leaf.default, str) and "${" in leaf.default):
+            assert leaf.rule.allows(leaf.default), (key, leaf.default, leaf.rule.expected())
+
+
+def _outside(rule: Rule, default):
+    """A value of the default's type that the rule refuses."""
+    if rule.choices is not None:
+        return "no_such_choice" if isinstance(rule.choices[0], str) else max(rule.choices) + 1
+    if rule.low > -math.inf:
+        value = rule.low - 1 if rule.low_closed else rule.low
+    else:
+        value = rule.high + 1 if rule.high_closed else rule.high
+    while value in rule.also:
+        value -= 1
+    return int(value) if isinstance(default, int) and not isinstance(default, bool) else float(value)
+
+
+@pytest.mark.parametrize("config,model_type", [("maniskill_ppo_mlp", "mlp"), ("maniskill_ppo_cnn", "cnn"),
+                                                ("maniskill_ppo_openvla_oft", "openvla_oft"),
+                                                ("math_grpo_tiny", "causal_lm")])
+def test_a_value_outside_a_rule_stops_validation_naming_the_key(config, model_type):
+    cfg = compose(config)
+    checked = 0
+    for key, leaf in schema.leaves(model_type).items():
+        if leaf.rule is None or OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
+            continue
+        bad = OmegaConf.create(OmegaConf.to_container(cfg))
+        OmegaConf.update(bad, key, _outside(leaf.rule, OmegaConf.select(cfg, key)))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)} = .*: expected {re.escape(leaf.rule.expected())}$"):
+            validate._rules(bad)
+        checked += 1
+    assert checked > 60
+
+
+def test_the_cli_exits_2_on_a_value_outside_its_rule(capsys):
+    from embodied import cli
+
+    assert cli._main(["--config-name", "maniskill_ppo_mlp", "algorithm.gamma=1.5"], "embodied-train") == 2
+    assert "algorithm.gamma = 1.5: expected a number >= 0 and <= 1" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ choices are implemented
+def test_every_declared_choice_is_implemented():
+    from embodied.algorithms.kl import kl_penalty
+    from embodied.algorithms.levels import chunks_to_steps
+    from embodied.algorithms.losses import aggregate_loss
+    from embodied.lr_schedule import learning_rate
+    from embodied.training_options import build_optimizer
+    from policies.action_heads import build_action_head
+    from policies.base import reduce_logprobs
+    from policies.weights import DTYPES
+
+    lp, ref = torch.randn(4, 2, 3), torch.randn(4, 2, 3)
+    for name in schema.choices("algorithm.kl_penalty_type"):
+        assert kl_penalty(lp, ref, name).shape == lp.shape
+    assert schema.choices("algorithm.kl_penalty") == schema.choices("algorithm.kl_penalty_type")
+    for name in schema.choices("algorithm.loss_agg_func"):
+        assert aggregate_loss(lp.abs(), None, name) > 0
+    for name in schema.choices("algorithm.logprob_type"):
+        reduce_logprobs(lp, name)
+    for name in schema.choices("algorithm.reward_type"):
+        chunks_to_steps(lp, name)
+    base = OmegaConf.load(CONFIG_DIR / "base.yaml").actor
+    for style in schema.choices("actor.lr_sched.lr_decay_style"):
+        sched = dict(base.lr_sched, max_lr=1.0, min_lr=0.1, lr_decay_style=style)
+        assert 0.1 <= learning_rate(5, sched, total_steps=10) <= 1.0
+    for name in schema.choices("actor.optim.optimizer"):
+        optim = OmegaConf.merge(base.optim, {"optimizer": name})
+        build_optimizer([{"params": [torch.nn.Parameter(torch.zeros(1))]}], optim)
+    for key in ("actor.fsdp_config.mixed_precision.param_dtype", "actor.model.precision"):
+        assert set(schema.choices(key)) <= set(DTYPES)
+    for kind in schema.choices("actor.model.action_distribution"):
+        build_action_head({"action_distribution": kind, "init_log_std": -0.5, "n_action_bins": 8}, 4, 2, 3)
+    with pytest.raises(ValueError, match=r"algorithm.kl_penalty_type = 'k9': expected one of \['kl', "):
+        kl_penalty(lp, ref, "k9")
+    with pytest.raises(ValueError, match="actor.lr_sched.lr_decay_style = 'step'"):
+        learning_rate(5, dict(base.lr_sched, max_lr=1.0, min_lr=0.0, lr_decay_style="step"), total_steps=10)
+
+
+# ------------------------------------------------------- every key is read or refused
+def _declared() -> dict[str, Path]:
+    """``CONFIG_KEYS`` of every module: key -> module that reads it."""
+    out = {}
+    for path in CODE:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CONFIG_KEYS" for t in node.targets):
+                for key in ast.literal_eval(node.value):
+                    out[key] = path
+    return out
+
+
+INTERPOLATION = re.compile(r"\$\{(?:[a-z_]+:)?([a-z_][\w.]*)")
+
+
+def _referenced(config_dir: Path, read: set[str]) -> set[str]:
+    """Keys that config files pass on by interpolation (``${key}``) to a place that is read:
+    experiment and group files, and schema leaves that are read (or passed on themselves)."""
+    refs = set()
+    for path in config_dir.rglob("*.yaml"):
+        if path.name != "base.yaml" or path.parent.name not in (config_dir.name, "model", "env"):
+            refs |= set(INTERPOLATION.findall(path.read_text()))
+    leaves = schema.leaves(None, config_dir)
+    counted, new = set(), read | refs
+    while new:  # a chain such as runner.seq_length -> sampling_params.max_new_tokens -> action_dim
+        counted |= new
+        found = {r for k in new if isinstance(getattr(leaves.get(k), "default", None), str)
+                 for r in INTERPOLATION.findall(leaves[k].default)}
+        new = found - counted
+    return counted
+
+
+def _generic(key: str) -> str:
+    parts = key.split(".")
+    return ".".join(["env", "*", *parts[2:]]) if parts[0] == "env" and parts[1] in schema.ENV_SPLITS else key
+
+
+def unaccounted(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Schema keys that no code declares reading and that are not refused."""
+    declared = {_generic(k) for k in _declared()}
+    models: dict[str, set[str]] = {}
+    for name in MODEL_TYPES:
+        cls = POLICIES.get(name)
+        own = {k for c in cls.__mro__ for k in vars(c).get("config_keys", ())} | set(cls.refused_keys)
+        models[name] = {f"actor.model.{k}" for k in own}
+    leaves = {}
+    for name in MODEL_TYPES:
+        leaves |= {(k, name if k.startswith("actor.model.") else None): leaf
+                   for k, leaf in schema.leaves(name, config_dir).items()}
+    read = {key for key, model in leaves if _generic(key) in declared
+            or (model is not None and key in models[model])}
+    refs = _referenced(config_dir, read)
+    missing = []
+    for key, model in leaves:
+        if key in read or refused.refusal(key) or key in refs or _generic(key) in {_generic(r) for r in refs}:
+            continue
+        missing.append(f"{key} ({model})" if model else key)
+    return sorted(set(missing))
+
+
+def test_every_schema_key_is_read_or_refused():
+    assert unaccounted() == []
+
+
+def test_a_new_key_that_nothing_reads_fails_the_invariant(tmp_path):
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG_DIR, config)
+    base = config / "base.yaml"
+    base.write_text(base.read_text().replace("  gamma: 0.99", "  shiny_new_option: 3\n  gamma: 0.99", 1))
+    model = config / "model" / "mlp.yaml"
+    model.write_text(model.read_text() + "lonely_width: 4\n")
+    assert unaccounted(config) == ["actor.model.lonely_width (mlp)", "algorithm.shiny_new_option"]
+
+
+def test_declarations_name_schema_keys_that_their_module_reads():
+    every = {_generic(k) for name in MODEL_TYPES for k in schema.leaves(name)}
+    for key, path in _declared().items():
+        assert _generic(key) in every, f"{path.name} declares {key}, which the schema does not have"
+        source = re.sub(r"CONFIG_KEYS = \([^)]*\)", "", path.read_text())
+        last = key.rsplit(".", 1)[-1]
+        assert re.search(rf"""(\.{last}\b|["']{last}["'])""", source), f"{path.name} declares {key} but never reads it"
+    package = re.sub(r"config_keys = \([^)]*\)", "", "\n".join(p.read_text() for p in (ROOT / "policies").rglob("*.py")))
+    for name in MODEL_TYPES:
+        cls = POLICIES.get(name)
+        schema_keys = {k.removeprefix("actor.model.") for k in schema.leaves(name) if k.startswith("actor.model.")}
+        for key in vars(cls).get("config_keys", ()):
+            assert key in schema_keys, f"{cls.__name__} reads actor.model.{key}, which model/{name}.yaml lacks"
+            assert re.search(rf"""(\.{key}\b|["']{key}["'])""", package), f"{cls.__name__} never reads {key}"
+
+
+# ------------------------------------------------- keys read only by some models / envs
+REFUSALS = [
+    ("maniskill_ppo_mlp", ["actor.model.action_distribution=bins", "actor.model.init_log_std=-1.0"],
+     "actor.model.init_log_std: not supported here, because the bins head has no Gaussian std"),
+    ("maniskill_ppo_mlp", ["actor.model.n_action_bins=16"],
+     "actor.model.n_action_bins: not supported here, because the gaussian head has no bins"),
+    ("maniskill_ppo_mlp", ["algorithm.sampling_params.top_k=5"],
+     "algorithm.sampling_params.top_k: not supported here, because mlp with the gaussian head samples no token logits"),
+    ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text envs"),
+    ("maniskill_ppo_mlp", ["actor.model.is_lora=true"], "actor.model.is_lora: not supported: LoRA adapters"),
+    ("maniskill_ppo_openvla_oft", ["actor.model.action_head=l1_regression", "algorithm.sampling_params.temperature=0.5"],
+     "algorithm.sampling_params.temperature: not supported here, because openvla_oft with the l1_regression head"),
+    ("maniskill_ppo_openvla_oft", ["actor.tokenizer.use_fast=false"],
+     "actor.tokenizer.use_fast: not supported here, because openvla_oft reads the tokenizer saved in its checkpoint"),
+    ("maniskill_ppo_openvla_oft", ["actor.model.trust_remote_code=true"],
+     "actor.model.trust_remote_code: not supported: remote code"),
+    ("maniskill_ppo_openvla_oft", ["actor.model.is_lora=false", "actor.model.lora_path=/tmp"],
+     "actor.model.lora_path: not supported here, because a LoRA adapter needs actor.model.is_lora true"),
+    ("math_grpo_tiny", ["actor.model.add_value_head=true"], "actor.model.add_value_head: not supported: a value head"),
+    ("math_grpo_tiny", ["rollout.gpu_memory_utilization=0.9"], "rollout.gpu_memory_utilization: not supported: a generation-engine"),
+    ("maniskill_ppo_mlp", ["algorithm.n_minibatches=2"], "algorithm.n_minibatches: not supported: setting the updates per batch"),
+]
+
+
+@pytest.mark.parametrize("config,overrides,message", REFUSALS)
+def test_a_key_set_where_nothing_reads_it_is_refused(config, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        refused.refuse_unsupported(compose(config, overrides))
+    assert str(err.value).startswith(message)
+
+
+def test_keys_that_this_config_reads_are_not_refused():
+    refused.refuse_unsupported(compose("maniskill_ppo_openvla_oft", ["algorithm.sampling_params.temperature=0.5"]))
+    refused.refuse_unsupported(compose("maniskill_ppo_mlp", ["actor.model.action_distribution=bins",
+                                                             "actor.model.n_action_bins=16"]))
+    refused.refuse_unsupported(compose("math_grpo_tiny", ["algorithm.sampling_params.top_p=0.9", "data.seed=3"]))
+
+
+def test_a_key_of_another_model_names_the_models_that_read_it():
+    with pytest.raises(ConfigError, match=r"^actor.model.lora_rank: not supported by model_type mlp, because "
+                                          r"only causal_lm, openvla_oft read it$"):
+        compose("maniskill_ppo_mlp", ["+actor.model.lora_rank=8"])
+
+
+def test_task_type_picks_the_checks():
+    with pytest.raises(ConfigError, match=r"^env.train.env_type = 'maniskill': expected text with runner.task_type=math"):
+        validate.validate(compose("maniskill_ppo_mlp", ["runner.task_type=math"]))
