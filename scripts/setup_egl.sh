@@ -20,15 +20,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
     echo "setup_egl: missing ${missing[*]}; install your distribution's EGL and Mesa packages" >&2
     exit 1
 fi
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null 2>&1; then
-        echo "setup_egl: needs root to install ${missing[*]} and sudo is missing; run it as root" >&2
-        exit 1
-    fi
-    SUDO=(sudo)
-fi
-APT=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600)
+NAME=setup_egl
+. "$(dirname "$0")/apt.sh"
 if ! "${APT[@]}" install -y --no-install-recommends "${missing[@]}"; then
     "${APT[@]}" update
     "${APT[@]}" install -y --no-install-recommends "${missing[@]}"

@@ -25,15 +25,8 @@ if [ -f "$ICD" ] && [ -f "$LIB" ] && ! ldd -r "$LIB" 2>&1 | grep -q -e "not foun
     exit 0
 fi
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null 2>&1; then
-        echo "setup_vulkan: needs root (apt-get) and sudo is missing; run it as root" >&2
-        exit 1
-    fi
-    SUDO=(sudo)
-fi
-APT=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600)
+NAME=setup_vulkan
+. "$(dirname "$0")/apt.sh"
 
 . /etc/os-release
 if [ "${VERSION_CODENAME:-}" != "bookworm" ]; then
