@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+from embodied.config import CONFIG_DIR
+
 ENV_SPLITS = ("train", "eval", "eval_pass_k")
 _INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
 _CHOICES = re.compile(r"^\{([^}]*)\}")

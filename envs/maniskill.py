@@ -297,6 +297,9 @@ class ManiSkillVectorEnv(VectorEnv):
         steps = options["max_episode_steps"]
         render = bool(env_cfg["video_cfg"]["save_video"]) and p["obs_mode"] == "state"
         if p["sim_backend"] == "gpu":
+            if env_cfg.get("num_processes") is not None:
+                raise EnvSetupError("env.num_processes is not supported with init_params.sim_backend gpu, "
+                                    "because one GPU simulation steps every env in this process")
             sim = ManiSkillGPUSim(p, num_envs, steps, render)
         else:
             sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps, render)] * num_envs,

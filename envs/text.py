@@ -161,6 +161,9 @@ def check_config(cfg: Mapping[str, Any]) -> _PromptStream:
     if cfg.get("each_reset_state_once"):
         raise EnvSetupError("each_reset_state_once: not supported by the text env, because an eval "
                             "already answers each of its total_num_envs prompts once")
+    if cfg.get("num_processes") is not None:
+        raise EnvSetupError("num_processes: not supported by the text env, because it runs no "
+                            "simulator processes")
     if cfg.get("task_suite_name") is not None:
         raise EnvSetupError("task_suite_name: not supported by the text env, because its prompts come "
                             "from init_params.data_paths")

@@ -183,9 +183,15 @@ def test_bad_data_is_one_message_naming_file_line_and_key(tmp_path, tiny_math, c
                       "max_prompt_length": 8}, tokenizer)
 
 
-def test_each_reset_state_once_is_refused_by_the_text_env(tiny_math):
-    with pytest.raises(EnvSetupError, match="each_reset_state_once: not supported by the text env"):
-        TextEnv(_env_cfg(tiny_math, each_reset_state_once=True), num_envs=8)
+@pytest.mark.parametrize("key, value", [("each_reset_state_once", True), ("num_processes", 2),
+                                        ("task_suite_name", "libero_10")])
+def test_env_keys_the_text_env_cannot_honour_are_refused(tiny_math, key, value):
+    from envs.text import check_config
+
+    with pytest.raises(EnvSetupError, match=f"^{key}: not supported by the text env, because"):
+        check_config(_env_cfg(tiny_math, **{key: value}))  # what validate runs before workers start
+    with pytest.raises(EnvSetupError, match=f"^env.\\*.{key}: not supported by the text env"):
+        TextEnv(_env_cfg(tiny_math, **{key: value}), num_envs=8)
 
 
 def test_responses_end_at_the_configured_eos(tiny_math):
