@@ -1,7 +1,8 @@
 """Non-finite numbers: NaN or inf in observations or rewards end the run naming the env rank and
 chunk step, or are masked and counted with ``env.non_finite=mask`` (end to end:
-``env.train.reward_coef=nan`` multiplies every real ManiSkill reward into NaN); an infinite loss (``algorithm.value_loss_coef=inf``)
-skips the optimizer step, and ``actor.optim.max_skipped_updates`` skips in a row stop the run
+``env.train.reward_coef=nan`` multiplies every real ManiSkill reward into NaN); a loss whose
+gradient overflows float32 (``algorithm.value_loss_coef=1e38``; inf itself is refused by the key's
+rule) skips the optimizer step, and ``actor.optim.max_skipped_updates`` skips in a row stop the run
 with the last good weights in the checkpoints."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_non_finite_observations_or_rewards_name_env_rank_step_and_envs():
 def test_masked_rewards_are_counted_and_non_finite_updates_skipped_until_the_limit(tmp_path):
     run = Run(tiny_config(tmp_path) + [
         f"runner.output_dir={tmp_path}", "env.train.reward_coef=nan", "env.non_finite=mask",
-        "algorithm.value_loss_coef=inf", "actor.optim.max_skipped_updates=3"], tmp_path, "skip")
+        "algorithm.value_loss_coef=1e38", "actor.optim.max_skipped_updates=3"], tmp_path, "skip")
     code, _ = run.finish(timeout=240)
     assert code == 1
     line = run.last_error_line()
