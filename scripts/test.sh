@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -m "slow or not slow" -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -m "slow or not slow" -p no:cacheprovider --durations=15 "$@"
