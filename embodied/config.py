@@ -9,6 +9,7 @@ default. Semantic rules (ranges, divisibility, placement) live in ``embodied.val
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,9 @@ def compose(
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
+        missing = re.match(r"Could not override '(actor\.model\.[\w.]+)'", str(err))
+        if missing:  # a key of other models' files (hydra would suggest appending it with +)
+            _other_models_key(missing.group(1), None)
         raise ConfigError(f"{config_name}: {_one_line(err)}") from None
     finally:
         GlobalHydra.instance().clear()
@@ -121,15 +125,15 @@ def _check_node(values: dict, schema: dict, prefix: str) -> None:
             _check_type(path, value, default)
 
 
-def _other_models_key(path: str, model_type: str) -> None:
+def _other_models_key(path: str, model_type: str | None) -> None:
     """A key of other models' schemas set for this one: say so, naming those models."""
     from embodied import schema
 
     owners = [p.stem for p in sorted((CONFIG_DIR / "model").glob("*.yaml"))
               if p.stem not in ("base", model_type) and path in schema.leaves(p.stem)]
     if owners:
-        raise ConfigError(f"{path}: not supported by model_type {model_type}, because only "
-                          f"{', '.join(owners)} read it")
+        whose = f"model_type {model_type}" if model_type else "this config's model_type"
+        raise ConfigError(f"{path}: not supported by {whose}, because only {', '.join(owners)} read it")
 
 
 def _is_interpolation(value: Any) -> bool:

@@ -258,6 +258,9 @@ def test_a_key_of_another_model_names_the_models_that_read_it():
     with pytest.raises(ConfigError, match=r"^actor.model.lora_rank: not supported by model_type mlp, because "
                                           r"only causal_lm, openvla_oft read it$"):
         compose("maniskill_ppo_mlp", ["+actor.model.lora_rank=8"])
+    with pytest.raises(ConfigError, match=r"^actor.model.model_path: not supported by this config's model_type, "
+                                          r"because only causal_lm, openvla_oft read it$"):
+        compose("maniskill_ppo_mlp", ["actor.model.model_path=/tmp"])
 
 
 def test_task_type_picks_the_checks():
