@@ -39,7 +39,6 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         if backend not in LOGGER_BACKENDS:
             _fail("runner.logger.logger_backends", backends, f"backends among {list(LOGGER_BACKENDS)}")
 
-
     model = cfg.actor.model
     if not model:
         _fail("actor.model", {}, "a model group, e.g. `model/mlp@actor.model` in the defaults list")

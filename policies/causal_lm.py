@@ -99,8 +99,9 @@ class CausalLMPolicy(Policy):
         config = GenerationConfig(
             max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample,
             temperature=s["temperature"] if do_sample else None,
-            top_k=s["top_k"] if do_sample and 0 < s["top_k"] < vocab else 0,  # 0: off (None would take
-            top_p=s["top_p"] if do_sample else 1.0,  # the checkpoint's generation_config values)
+            # "off" is passed as 0 / 1.0: None would take the checkpoint's generation_config values
+            top_k=s["top_k"] if do_sample and 0 < s["top_k"] < vocab else 0,
+            top_p=s["top_p"] if do_sample else 1.0,
             repetition_penalty=s["repetition_penalty"], eos_token_id=self.eos, pad_token_id=self.pad,
             output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)

@@ -14,8 +14,6 @@ from typing import Any
 
 from transformers import LlamaConfig
 
-from embodied.schema import check
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -214,10 +212,8 @@ class PolicyOptions:
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
-        try:
-            check({f.name: getattr(self, f.name) for f in fields(self)}, "actor.model.", "openvla_oft")
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        # the schema's rules (action_head, precision, lora_alpha, ...) are checked by Policy's
+        # constructor and, before check_config, by embodied.validate; here only the combinations
         if not self.is_lora and self.lora_path:
             raise bad("lora_path", "null when is_lora is false")
         if not self.is_lora and self.lora_target_modules is not None:
