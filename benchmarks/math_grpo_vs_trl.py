@@ -9,7 +9,14 @@ the held-out greedy accuracy of each after the same steps.
 
 TRL is a benchmarks-only extra (``pip install -e .[trl]``). Both sides use the 2 CPU cores: TRL
 in one process with 2 torch threads, ours as its env, rollout and actor workers on 2 CPU slots.
-The last line is JSON with ``step_time_vs_trl`` (ours / TRL), ``accuracy_ours``, ``accuracy_trl``.
+With one update per batch TRL takes the old log-probs of the ratio from the policy being
+trained (no extra pass); ours takes them from the rollout (``rollout.recompute_logprobs=false``),
+made by the same weights.
+
+It also times one step's work alone, one thread per piece (sampling, forward + backward + Adam,
+scoring): half their sum is a lower bound on the step time of anything that spreads that work
+over the 2 cores, printed as ``floor_vs_trl``. The last line is JSON with ``step_time_vs_trl``
+(ours / TRL), ``floor_vs_trl``, ``accuracy_ours``, ``accuracy_trl``.
 """
 
 from __future__ import annotations
@@ -73,6 +80,49 @@ def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str,
     return {"step_s": statistics.median(times.times[1:]), "accuracy": accuracy, "wall_s": wall}
 
 
+def measure_floor(model_dir: Path, data_dir: Path, repeats: int = 7) -> dict[str, float]:
+    """The work of one training step, each piece alone on one thread in this process: sampling
+    the batch (KV cache), one forward + backward + Adam step over it, scoring it. Whatever
+    splits that work over the machine's 2 cores, with no overhead at all, needs at least half
+    their sum per step: a lower bound for any implementation of this step on this machine."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envs.verifier import Verifier
+    from policies.tiny_lm import read_jsonl
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5)
+    rows = read_jsonl(data_dir / "train.jsonl")
+    verifier = Verifier()
+    times: dict[str, list[float]] = {"generate": [], "train": [], "score": []}
+    for r in range(repeats):
+        batch = [row for row in rows[r * PROMPTS:(r + 1) * PROMPTS] for _ in range(GROUP)]
+        prompts = tokenizer([row["prompt"] for row in batch], return_tensors="pt", padding=True)
+        tic = time.perf_counter()
+        with torch.no_grad():
+            ids = model.generate(**prompts, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        times["generate"].append(time.perf_counter() - tic)
+        width = prompts["input_ids"].shape[1]
+        mask = torch.cat([prompts["attention_mask"], torch.ones_like(ids[:, width:])], dim=1)
+        tic = time.perf_counter()
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, width - 1:-1]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, width:, None])
+        logprobs.mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times["train"].append(time.perf_counter() - tic)
+        texts = tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
+        tic = time.perf_counter()
+        verifier.score(texts, [row["answer"] for row in batch])
+        times["score"].append(time.perf_counter() - tic)
+    verifier.close()
+    parts = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return parts | {"floor_s": sum(parts.values()) / 2}
+
+
 def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str, float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -84,7 +134,8 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str
                f"runner.seq_length={8 + NEW_TOKENS}", "data.max_prompt_length=8", f"actor.optim.lr={LR}",
                "actor.lr_sched.lr_decay_style=constant", f"actor.global_batch_size={PROMPTS * GROUP}",
                "algorithm.update_epochs=1", "algorithm.kl_beta=0", "algorithm.loss_agg_func=token-mean",
-               "algorithm.sampling_params.temperature=1.0", "reward.reward_scale=1.0"]
+               "algorithm.sampling_params.temperature=1.0", "reward.reward_scale=1.0",
+               "rollout.recompute_logprobs=false"]
     done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     if done.returncode:
         sys.exit(f"our run failed: {' '.join(command)}")
@@ -93,7 +144,10 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str
     events.Reload()
     parts = [{e.step: e.value for e in events.Scalars(tag)} for tag in ("time/sync", "time/rollout", "time/update")]
     step_s = [sum(p[s] for p in parts) for s in sorted(parts[0]) if s > 1]
-    return {"step_s": statistics.median(step_s), "accuracy": result["eval_success"], "wall_s": result["wall_s"]}
+    phases = {name.split("/")[1]: statistics.median(v for s, v in p.items() if s > 1)
+              for name, p in zip(("time/sync", "time/rollout", "time/update"), parts)}
+    return {"step_s": statistics.median(step_s), "accuracy": result["eval_success"], "wall_s": result["wall_s"],
+            "phases": phases}
 
 
 def main() -> None:
@@ -112,13 +166,18 @@ def main() -> None:
     write_split(out / "data")
     warm = warm_start(out / "model", out / "data")
     print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f}", flush=True)
+    floor = measure_floor(out / "model", out / "data")
+    print("one step's work, one thread each: " + ", ".join(f"{k} {v:.3f} s" for k, v in floor.items() if k != "floor_s")
+          + f"; on 2 cores at least {floor['floor_s']:.3f} s per step", flush=True)
     ours = run_ours(out / "model", out / "data", out, args.steps)
-    print(f"ours: median step {ours['step_s']:.3f} s, accuracy {ours['accuracy']:.3f} after {args.steps} steps", flush=True)
+    print(f"ours: median step {ours['step_s']:.3f} s (" + ", ".join(f"{k} {v:.3f}" for k, v in ours["phases"].items())
+          + f"), accuracy {ours['accuracy']:.3f} after {args.steps} steps", flush=True)
     trl = run_trl(out / "model", out / "data", out, args.steps)
     print(f"TRL:  median step {trl['step_s']:.3f} s, accuracy {trl['accuracy']:.3f} after {args.steps} steps", flush=True)
     ratio = ours["step_s"] / trl["step_s"]
-    print(f"step time ours / TRL: {ratio:.2f}x")
-    print(json.dumps({"step_time_vs_trl": round(ratio, 3), "step_s_ours": round(ours["step_s"], 4),
+    print(f"step time ours / TRL: {ratio:.2f}x; the 2-core bound / TRL: {floor['floor_s'] / trl['step_s']:.2f}x")
+    print(json.dumps({"step_time_vs_trl": round(ratio, 3), "floor_vs_trl": round(floor["floor_s"] / trl["step_s"], 3),
+                      "floor_s": round(floor["floor_s"], 4), "step_s_ours": round(ours["step_s"], 4),
                       "step_s_trl": round(trl["step_s"], 4), "accuracy_ours": ours["accuracy"],
                       "accuracy_trl": trl["accuracy"], "accuracy_start": warm["accuracy"], "steps": args.steps,
                       "prompts": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "lr": LR}))

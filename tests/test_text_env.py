@@ -10,7 +10,7 @@ import pytest
 from envs.arithmetic import make_problems
 from envs.text import DataError, TextEnv, load_prompts, load_tokenizer, read_records
 from envs.vector_env import EnvSetupError
-from envs.verifier import CORRECT, TIMEOUT, UNPARSABLE, WRONG, Verifier, score_one
+from envs.verifier import CHUNK, CORRECT, TIMEOUT, UNPARSABLE, WRONG, Verifier, score_one
 from policies.tiny_lm import read_jsonl
 
 
@@ -53,6 +53,17 @@ def test_scoring_works_off_the_main_thread():
     thread.join()
     assert out["v"].status == [CORRECT, WRONG]
     verifier.close()
+
+
+def test_a_batch_scores_as_each_response_alone():
+    # distinct pairs are scored once, in tasks of CHUNK pairs: every response still gets its own verdict
+    responses = [str(n) for n in range(3 * CHUNK)] * 3 + ["", "12+35", "\\boxed{47}"]
+    references = [str(n % 50) for n in range(3 * CHUNK)] * 3 + ["47"] * 3
+    verifier = Verifier()
+    verdicts = verifier.score(responses, references)
+    verifier.close()
+    assert verdicts.status == [score_one(r, a) for r, a in zip(responses, references)]
+    assert verdicts.count(CORRECT) == 3 * 50 + 1 and verdicts.count(UNPARSABLE) == 1
 
 
 def test_a_response_past_the_deadline_scores_zero_and_is_counted():
