@@ -142,7 +142,7 @@ class Runner:
 
     def sync_weights(self) -> None:
         self._turn(self.actor, self.rollout)
-        weights = self.actor.execute("get_weights").wait()[0]
+        weights = self.actor.execute_in_store("get_weights").wait()[0][0]  # rank 0's, by reference
         self.rollout.execute("set_weights", weights).wait()
 
     def _turn(self, *running: WorkerGroup) -> None:

@@ -97,8 +97,13 @@ class _Host:
         self.worker = worker
         return socket.gethostname(), os.getpid()
 
-    def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
+    def execute(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
+
+    def execute_in_store(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """The result put in this node's object store; the caller gets only its reference (in a
+        list, which ``ray.get`` leaves unresolved)."""
+        return [ray.put(getattr(self.worker, method)(*args, **kwargs))]
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
@@ -251,12 +256,25 @@ class WorkerGroup:
         return group
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> GroupCall:
-        """Call ``method(*args, **kwargs)`` on every rank; returns at once with the handle."""
+        """Call ``method(*args, **kwargs)`` on every rank; returns at once with the handle. An
+        argument that is a ``ray.ObjectRef`` (from ``execute_in_store``) reaches each rank as its
+        value, fetched by that rank from the object store."""
+        return GroupCall(self, method, [h.execute.remote(method, *args, **kwargs) for h in self._callable(method)])
+
+    def execute_in_store(self, method: str, *args: Any, **kwargs: Any) -> GroupCall:
+        """Like ``execute``, but each rank's result stays in Ray's object store and ``wait``
+        returns references to them: passed on to another group's ``execute``, a result (e.g.
+        full model weights) goes from this rank to those ranks without a copy through the driver."""
+        return GroupCall(self, method, [h.execute_in_store.remote(method, *args, **kwargs)
+                                        for h in self._callable(method)])
+
+    def _callable(self, method: str) -> list:
+        """The ranks' hosts, once this group is known alive and to have ``method``."""
         if self._error is not None:
             raise self._error
         if not callable(getattr(self.worker_cls, method, None)):
             raise AttributeError(f"{self.name}: {self.worker_cls.__name__} has no method {method!r}")
-        return GroupCall(self, method, [h.execute.remote(method, args, kwargs) for h in self._hosts])
+        return self._hosts
 
     def shutdown(self) -> None:
         """Stop every rank's process and give its devices back to the cluster."""

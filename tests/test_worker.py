@@ -90,6 +90,12 @@ class Heavy(Worker):
     def state(self) -> float | None:
         return None if self.weights is None else float(self.weights.sum())
 
+    def get_weights(self) -> np.ndarray:
+        return self.weights
+
+    def checksum_of(self, weights: np.ndarray) -> float:
+        return float(weights.sum())
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -228,6 +234,16 @@ def test_offload_hooks_release_and_restore_state(pair):
     assert group.execute("state").wait() == [None, None]
     group.execute("reload").wait()
     assert group.execute("state").wait() == before
+
+
+def test_a_result_left_in_the_store_reaches_other_ranks_by_reference(pair):
+    group = pair(Heavy, args=())
+    refs = group.execute_in_store("get_weights").wait()
+    assert all(isinstance(r[0], ray.ObjectRef) for r in refs)  # the driver holds references only
+    sums = group.execute("checksum_of", refs[0][0]).wait()  # each rank gets rank 0's 8 MB array
+    assert sums == [group.execute("state").wait()[0]] * 2
+    with pytest.raises(AttributeError, match="no method 'nope'"):
+        group.execute_in_store("nope")
 
 
 def test_collocated_groups_share_slots_and_overuse_is_refused(cluster):
