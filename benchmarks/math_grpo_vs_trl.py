@@ -142,10 +142,10 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str
     result = json.loads(done.stdout.strip().splitlines()[-1])
     events = EventAccumulator(str(out / "ours" / "tensorboard"))
     events.Reload()
-    parts = [{e.step: e.value for e in events.Scalars(tag)} for tag in ("time/sync", "time/rollout", "time/update")]
-    step_s = [sum(p[s] for p in parts) for s in sorted(parts[0]) if s > 1]
-    phases = {name.split("/")[1]: statistics.median(v for s, v in p.items() if s > 1)
-              for name, p in zip(("time/sync", "time/rollout", "time/update"), parts)}
+    parts = {tag.split("/")[1]: {e.step: e.value for e in events.Scalars(tag)}
+             for tag in ("time/sync", "time/rollout", "time/update")}
+    step_s = [sum(p[s] for p in parts.values()) for s in sorted(parts["sync"]) if s > 1]
+    phases = {name: statistics.median(v for s, v in p.items() if s > 1) for name, p in parts.items()}
     return {"step_s": statistics.median(step_s), "accuracy": result["eval_success"], "wall_s": result["wall_s"],
             "phases": phases}
 
