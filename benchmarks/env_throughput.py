@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from envs.maniskill import ManiSkillEnv, check_params, select_vulkan_driver  # noqa: E402
 from envs.subproc import SubprocVectorEnv  # noqa: E402
-from envs.vector_env import VectorEnv, load_env_config, make_vector_env, read_options  # noqa: E402
+from embodied.config import load_env_config  # noqa: E402
+from envs import make_vector_env  # noqa: E402
+from envs.vector_env import VectorEnv, read_options  # noqa: E402
 
 
 def raw_rate(envs: list, steps: int, rng: np.random.Generator) -> float:

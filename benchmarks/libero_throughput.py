@@ -38,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envs.vector_env import load_env_config, make_vector_env  # noqa: E402
+from embodied.config import load_env_config  # noqa: E402
+from envs import make_vector_env  # noqa: E402
 
 DATA = Path(os.environ.get("LIBERO_TEST_DATA", ROOT.parent / "shared" / "libero"))
 BDDL = DATA / "bddl" / "put_the_alphabet_soup_in_the_frying_pan.bddl"

@@ -42,7 +42,7 @@ def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str,
     from trl import GRPOConfig, GRPOTrainer
 
     from envs.verifier import Verifier
-    from policies.tiny_lm import greedy_accuracy, read_jsonl
+    from envs.arithmetic import greedy_accuracy, read_jsonl
 
     torch.set_num_threads(2)
     verifier = Verifier()
@@ -89,7 +89,7 @@ def measure_floor(model_dir: Path, data_dir: Path, repeats: int = 7) -> dict[str
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs.verifier import Verifier
-    from policies.tiny_lm import read_jsonl
+    from envs.arithmetic import read_jsonl
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -159,12 +159,13 @@ def main() -> None:
 
     import torch
 
-    from envs.arithmetic import write_split
+    from envs.arithmetic import held_out_accuracy, write_split
     from policies.tiny_lm import warm_start
 
     torch.set_num_threads(1)  # a tiny model: more threads only contend
     write_split(out / "data")
-    warm = warm_start(out / "model", out / "data")
+    warm_start(out / "model", out / "data")
+    warm = {"accuracy": held_out_accuracy(out / "model", out / "data")}
     print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f}", flush=True)
     floor = measure_floor(out / "model", out / "data")
     print("one step's work, one thread each: " + ", ".join(f"{k} {v:.3f} s" for k, v in floor.items() if k != "floor_s")

@@ -52,13 +52,14 @@ def main() -> None:
 
     import torch
 
-    from envs.arithmetic import write_split
+    from envs.arithmetic import held_out_accuracy, write_split
     from policies.tiny_lm import warm_start
 
     torch.set_num_threads(1)  # a tiny model: more threads only contend
     write_split(out / "data")
     tic = time.monotonic()
-    warm = warm_start(out / "model", out / "data")
+    warm_start(out / "model", out / "data")
+    warm = {"accuracy": held_out_accuracy(out / "model", out / "data")}
     print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f} after {time.monotonic() - tic:.1f} s", flush=True)
 
     command = [sys.executable, "-m", "embodied", "train", "--config-name", "math_grpo_tiny",

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.env_throughput import cpu_parallelism  # noqa: E402
 from embodied.cli import load  # noqa: E402
 from embodied.runner import Runner  # noqa: E402
-from envs.vector_env import make_vector_env  # noqa: E402
-from policies import build_policy  # noqa: E402
+from envs import make_vector_env  # noqa: E402
+from embodied.config import build_policy  # noqa: E402
 
 # the CNN made about as costly as rendering (P close to E): stride-1 convs, twice the channels
 WIDE = ["actor.model.conv_strides=[1,1,1]", "actor.model.conv_channels=[64,128,128]"]

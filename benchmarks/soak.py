@@ -24,7 +24,7 @@ import time
 
 import psutil
 
-from embodied.channel import creator_prefix
+from core.shm import creator_prefix
 
 GROUPS = ("EnvGroup", "RolloutGroup", "ActorGroup")
 PIDS = re.compile(r"rank \d+ pid (\d+) on node")

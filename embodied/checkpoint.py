@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-class CheckpointError(RuntimeError):
+class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (e.g. a full disk); the previous one stays the latest."""
 
 

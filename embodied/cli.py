@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from embodied.config import ConfigError, chunk_steps, compose, training_steps
+from core.errors import ConfigError
+from embodied.config import build_policy, chunk_steps, compose, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
 
@@ -83,13 +84,13 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
     if args.dry_run:
         print(f"{prog}: config OK (dry run, nothing started)")
         return 0
-    from embodied.checkpoint import CheckpointError
+    from embodied.checkpoint import CheckpointWriteError
     from embodied.runner import print_result, run
     from embodied.worker import WorkerError
 
     try:
         print_result(run(cfg, plan))
-    except (WorkerError, CheckpointError) as err:
+    except (WorkerError, CheckpointWriteError) as err:
         print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
         return 1
     return 0
@@ -106,19 +107,18 @@ def _export(argv: Sequence[str] | None, prog: str) -> int:
     from pathlib import Path
 
     from embodied import checkpoint
-    from policies import build_policy
 
     policy = build_policy(cfg.actor.model)
-    if not hasattr(policy, "export_pretrained"):
-        print(f"{prog}: config error: actor.model.model_type={cfg.actor.model.model_type!r} has no "
-              "checkpoint-folder export", file=sys.stderr)
-        return 2
     source = cfg.actor.model.model_path
     if cfg.runner.ckpt_path is not None:
         source = checkpoint.resolve(cfg.runner.ckpt_path, "runner.ckpt_path")
         # read_checkpoint checks names and shapes; a LoRA checkpoint holds only what trains
         policy.load_state_dict(policy.read_checkpoint(Path(source) / "actor"), strict=False)
-    policy.export_pretrained(args.out)
+    try:
+        policy.export_pretrained(args.out)
+    except ConfigError as err:
+        print(f"{prog}: config error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({"exported": str(args.out), "from": str(source)}), flush=True)
     return 0
 

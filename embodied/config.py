@@ -1,34 +1,24 @@
-"""Compose a Hydra config, check it against the schema in ``config/``, and resolve it.
-
-``config/base.yaml`` is the schema of the whole tree (with ``env/base.yaml`` for each of
-``env.train`` / ``env.eval`` and ``model/base.yaml`` plus ``model/<model_type>.yaml`` for
-``actor.model``): a key that is not there is an error, and a value must have the type of its
-default. Semantic rules (ranges, divisibility, placement) live in ``embodied.validate``.
+"""Compose a Hydra config from ``config/``, check it against the schema (``embodied.schema``) and
+resolve it; and build what a config names (a policy, one env group) with the schema's rules
+checked first. Semantic rules (ranges, divisibility, placement) live in ``embodied.validate``.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from core.errors import ConfigError
+from embodied import schema
+from policies import POLICIES
+from policies.base import Policy
+
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs")
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
-
-# Nodes whose keys are free: placement lines and simulator construction options, checked by
-# the placement parser and by the env adapters themselves.
-OPEN_NODES = ("cluster.component_placement", "env.train.init_params", "env.eval.init_params",
-              "env.eval_pass_k.init_params")
-
-
-class ConfigError(ValueError):
-    """A user-fixable config mistake; the message names the key, its value and what was expected."""
 
 
 def register_resolvers() -> None:
@@ -50,26 +40,17 @@ def compose(
 ) -> DictConfig:
     """Hydra composition of ``config_name`` with command-line style overrides, schema-checked
     and fully resolved. Every failure is a ``ConfigError``."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_resolvers()
-    directory = Path(config_dir or CONFIG_DIR).resolve()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(directory), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        cfg = _hydra_compose(Path(config_dir or schema.CONFIG_DIR), config_name, overrides)
     except (HydraException, OmegaConfBaseException) as err:
         missing = re.match(r"Could not override '(actor\.model\.[\w.]+)'", str(err))
         if missing:  # a key of other models' files (hydra would suggest appending it with +)
-            _other_models_key(missing.group(1), None)
+            schema.other_models_key(missing.group(1), None)
         raise ConfigError(f"{config_name}: {_one_line(err)}") from None
-    finally:
-        GlobalHydra.instance().clear()
-    check_schema(cfg)
+    schema.check_schema(cfg)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
@@ -79,87 +60,35 @@ def compose(
     return cfg
 
 
-def check_schema(cfg: DictConfig, config_dir: Path = CONFIG_DIR) -> None:
-    """Every key of ``cfg`` exists in the schema, with a value of the default's type."""
-    schema = _load(config_dir / "base.yaml")
-    env_schema = _load(config_dir / "env" / "base.yaml")
-    for split in ("train", "eval", "eval_pass_k"):
-        if cfg.get("env", {}).get(split):
-            schema["env"][split] = env_schema
-    model_type = OmegaConf.select(cfg, "actor.model.model_type", default=None)
-    if cfg.get("actor", {}).get("model"):
-        model_schema = _load(config_dir / "model" / "base.yaml")
-        own = config_dir / "model" / f"{model_type}.yaml"
-        if not own.exists():
-            known = sorted(p.stem for p in own.parent.glob("*.yaml") if p.stem != "base")
-            raise ConfigError(f"actor.model.model_type = {model_type!r}: expected one of {known}")
-        model_schema.update(_load(own))
-        schema["actor"]["model"] = model_schema
-    values = OmegaConf.to_container(cfg, resolve=False)
-    _check_node(values, schema, "")
+def load_env_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """One group file of ``config/env`` composed on its own (with its defaults), for tests,
+    benchmarks and scripts that run an env without a whole experiment config."""
+    return _hydra_compose(schema.CONFIG_DIR / "env", name, overrides)
 
 
-def _load(path: Path) -> dict[str, Any]:
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    data.pop("defaults", None)
-    return data
+def _hydra_compose(directory: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
 
 
-def _check_node(values: dict, schema: dict, prefix: str) -> None:
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        if path in OPEN_NODES:
-            continue
-        if key not in schema:
-            if prefix == "actor.model.":
-                _other_models_key(path, values.get("model_type"))
-            near = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
-            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
-            raise ConfigError(f"unknown config key {path}{hint}")
-        default = schema[key]
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path} = {value!r}: expected a mapping of keys")
-            _check_node(value, default, path + ".")
-        else:
-            _check_type(path, value, default)
-
-
-def _other_models_key(path: str, model_type: str | None) -> None:
-    """A key of other models' schemas set for this one: say so, naming those models."""
-    from embodied import schema
-
-    owners = [p.stem for p in sorted((CONFIG_DIR / "model").glob("*.yaml"))
-              if p.stem not in ("base", model_type) and path in schema.leaves(p.stem)]
-    if owners:
-        whose = f"model_type {model_type}" if model_type else "this config's model_type"
-        raise ConfigError(f"{path}: not supported by {whose}, because only {', '.join(owners)} read it")
-
-
-def _is_interpolation(value: Any) -> bool:
-    return isinstance(value, str) and "${" in value
-
-
-def _check_type(path: str, value: Any, default: Any) -> None:
-    if default is None or value is None:  # null is range-checked by embodied.validate
-        return
-    if _is_interpolation(default) or _is_interpolation(value):
-        return
-    expected: tuple[type, ...]
-    if isinstance(default, bool):
-        expected, name = (bool,), "true or false"
-    elif isinstance(default, int):
-        expected, name = (int,), "an integer"
-    elif isinstance(default, float):
-        expected, name = (int, float), "a number"
-    elif isinstance(default, str):
-        expected, name = (str,), "a string"
-    elif isinstance(default, list):
-        expected, name = (list,), "a list"
-    else:
-        return
-    if isinstance(value, bool) and bool not in expected or not isinstance(value, expected):
-        raise ConfigError(f"{path} = {value!r}: expected {name}")
+def build_policy(model_cfg: Mapping[str, Any]) -> Policy:
+    """The policy named by ``model_cfg.model_type``, built from the ``actor.model`` options once
+    the schema's rules accept them."""
+    options = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
+    if "model_type" not in options:
+        raise KeyError(f"actor.model.model_type is missing; expected one of {POLICIES.names()}")
+    cls = POLICIES.get(options["model_type"])
+    schema.check(options, "actor.model.", options["model_type"])
+    return cls(options)
 
 
 def _one_line(err: Exception) -> str:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from embodied.schema import unknown_choice
+from core.errors import expected
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.lr_sched.lr_warmup_fraction", "actor.lr_sched.lr_warmup_init",
@@ -41,4 +41,4 @@ def learning_rate(step: int, sched: Mapping[str, Any], total_steps: int) -> floa
         return max_lr - (max_lr - min_lr) * progress
     if style == "cosine":
         return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise unknown_choice("actor.lr_sched.lr_decay_style", style)
+    raise expected("actor.lr_sched.lr_decay_style", style, "one of ['constant', 'linear', 'cosine']")

@@ -4,8 +4,9 @@ where it has no effect stops the command before anything starts with one line,
 
 ``REFUSED`` lists the keys that never work in this framework (they stay in the schema so that
 configs written for the reference load when they leave them alone); ``not_read_here`` the keys
-that only some models, heads or envs read. Every other key of the schema is read by the code
-that declares it in ``CONFIG_KEYS`` (tests/test_schema.py holds that invariant).
+that only some models, heads or envs read, as the policies (``Policy.unread_keys``,
+``refused_keys``) and the env registry (``reads``) declare them. Every other key of the schema is
+read by the code that declares it in ``CONFIG_KEYS`` (tests/test_schema.py holds that invariant).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import ConfigError
 from embodied import schema
-from embodied.config import ConfigError
+from envs import ENVS
 from policies import POLICIES
 
 MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
@@ -30,8 +32,6 @@ REFUSED: dict[str, str] = {
                                         "actor.micro_batch_size samples",
     "runner.max_tokens_per_mbs": "token-budget micro-batches, because micro-batches hold "
                                  "actor.micro_batch_size samples",
-    "algorithm.loss_type": "other losses than ppo, because the actor trains the PPO clipped surrogate "
-                           "(GRPO is algorithm.adv_type grpo)",
     "algorithm.use_valid_token_scale": "scaling by valid tokens, because losses always weigh tokens by "
                                        "the valid-token mask (algorithm.loss_agg_func)",
     "algorithm.n_minibatches": "setting the updates per batch, because they follow from "
@@ -131,35 +131,14 @@ REFUSED: dict[str, str] = {
 
 def not_read_here(cfg: DictConfig) -> dict[str, str]:
     """Keys that only some models, heads or envs read, with why this config's do not."""
-    model = cfg.actor.model
-    kind = model.model_type
-    head = model.get("action_distribution") or model.get("action_head")
-    lm = kind == "causal_lm"
-    text = any(cfg.env[s] and cfg.env[s].env_type == "text" for s in schema.ENV_SPLITS)
-    out: dict[str, str] = {}
-    if not lm:
-        why = f"{kind} does not generate text (causal_lm does)"
-        for key in ("algorithm.sampling_params.top_p", "algorithm.sampling_params.repetition_penalty",
-                    "algorithm.sampling_params.min_new_tokens", "algorithm.sampling_params.max_new_tokens",
-                    "runner.seq_length", "rollout.eos",
-                    "rollout.padding"):
-            out[key] = why
-        out["actor.tokenizer"] = f"{kind} reads the tokenizer saved in its checkpoint"
-    if not lm and head != "discrete":
-        why = f"{kind}{f' with the {head} head' if head else ''} samples no token logits"
-        for key in ("algorithm.sampling_params.temperature", "algorithm.sampling_params.top_k",
-                    "actor.model.temperature", "actor.model.top_k"):
-            out[key] = why
-    if head not in ("gaussian", "l1_regression"):
-        out["actor.model.init_log_std"] = f"the {head} head has no Gaussian std"
-    if head != "bins":
-        out["actor.model.n_action_bins"] = f"the {head} head has no bins"
-    if kind != "openvla_oft":
-        out["runner.max_prompt_length"] = f"{kind} reads no task description prompt (openvla_oft does)"
-    if not model.get("is_lora"):
-        out["actor.model.lora_path"] = "a LoRA adapter needs actor.model.is_lora true"
-    if not text:
-        out["data"] = "only text envs (env_type text) read prompt data"
+    out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
+    envs = {cfg.env[split].env_type for split in schema.ENV_SPLITS if cfg.env[split]}
+    used = {key for name in envs if name in ENVS for key in ENVS.declared(name)["reads"]}
+    for name in ENVS.names():
+        for key, what in ENVS.declared(name)["reads"].items():
+            if key not in used:
+                readers = " or ".join(n for n in ENVS.names() if key in ENVS.declared(n)["reads"])
+                out[key] = f"only {readers} envs (env_type {readers}) read {what}"
     return out
 
 
@@ -167,9 +146,10 @@ def refuse_unsupported(cfg: DictConfig) -> None:
     """Stop at the first key of ``REFUSED`` or ``not_read_here`` (or a leaf under one) set to
     anything but its schema default."""
     scratch = OmegaConf.create(OmegaConf.to_container(cfg))  # to resolve defaults such as ${a.b}/c
-    here = not_read_here(cfg) if cfg.actor.model else {}
+    known = cfg.actor.model and cfg.actor.model.model_type in POLICIES
+    here = not_read_here(cfg) if known else {}
     own = {}  # what the policy refuses of its own schema
-    if cfg.actor.model and cfg.actor.model.model_type in POLICIES:
+    if known:
         own = {f"actor.model.{k}": why for k, why in POLICIES.get(cfg.actor.model.model_type).refused_keys.items()}
     for path, leaf in schema.leaves(OmegaConf.select(cfg, "actor.model.model_type")).items():
         why = _under(path, REFUSED) or _under(path, own)

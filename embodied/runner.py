@@ -20,8 +20,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from core.shm import sweep_dead_segments
 from embodied import checkpoint
-from embodied.channel import Channel, sweep_dead_channels
+from embodied.channel import Channel
+from embodied.channel.keys import queue_bounds
 from embodied.cluster import Cluster
 from embodied.config import chunk_steps, training_steps
 from embodied.loggers import MetricLogger
@@ -35,9 +37,8 @@ from embodied.workers.rollout import RolloutWorker, replay_pieces
 CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train",
                "runner.save_interval", "runner.resume_dir", "runner.max_ckpts_to_keep", "runner.only_eval",
                "runner.ckpt_path", "algorithm.rollout_epoch", "data.val_pass_k", "env.group_name",
-               "env.channel.name", "env.channel.queue_size", "env.enable_offload", "rollout.group_name",
-               "rollout.channel.queue_size", "rollout.enable_offload", "actor.group_name",
-               "actor.channel.queue_size", "actor.enable_offload")
+               "env.channel.name", "env.enable_offload", "rollout.group_name", "rollout.enable_offload",
+               "actor.group_name", "actor.enable_offload")
 
 
 class Runner:
@@ -45,10 +46,7 @@ class Runner:
         self.cfg, self.plan = cfg, plan
         self.start = time.monotonic()
         self.cluster = Cluster.from_config(cfg.cluster)
-        queues = {cfg.env.channel.queue_name: cfg.env.channel.queue_size,
-                  cfg.rollout.channel.queue_name: cfg.rollout.channel.queue_size,
-                  cfg.actor.channel.queue_name: cfg.actor.channel.queue_size}
-        self.channel = Channel.create(cfg.env.channel.name, maxsize=queues)
+        self.channel = Channel.create(cfg.env.channel.name, maxsize=queue_bounds(cfg))
         env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
         self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env",
                                       name=cfg.env.group_name, args=(cfg, self.channel))
@@ -222,7 +220,7 @@ class Runner:
                 raise
             why = str(err) if isinstance(err, WorkerError) else f"{type(err).__name__}: {err}"
             free = shutil.disk_usage(self.ckpt_root).free / 1e6 if self.ckpt_root.is_dir() else 0.0
-            raise checkpoint.CheckpointError(
+            raise checkpoint.CheckpointWriteError(
                 f"checkpoint of step {self.step} not written ({why}); {free:.1f} MB free in "
                 f"{self.ckpt_root}; the latest checkpoint is still {checkpoint.latest(self.ckpt_root)}"
             ) from err
@@ -262,7 +260,7 @@ class Runner:
                 group.shutdown()
         self.channel.close()
         self.cluster.shutdown()
-        sweep_dead_channels()  # shared memory of killed workers (their processes are gone now)
+        sweep_dead_segments()  # shared memory of killed workers (their processes are gone now)
 
 
 def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -303,9 +301,9 @@ def shared_reset_states(cfg: DictConfig) -> int | None:
     """How many of the eval envs' reset states (e.g. LIBERO task x init state) the training envs
     also start from: 0 means disjoint; None when a split's states are unbounded seeds drawn at
     random, which cannot be listed."""
-    from envs.vector_env import reset_state_names
+    from envs import describe
 
-    train, evals = reset_state_names(cfg.env.train), reset_state_names(cfg.env.eval)
+    train, evals = describe(cfg.env.train).reset_state_names, describe(cfg.env.eval).reset_state_names
     return None if train is None or evals is None else len(set(train) & set(evals))
 
 

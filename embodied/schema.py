@@ -1,5 +1,13 @@
-"""Allowed values of config keys, declared once: in the comment next to each default in
-``config/``. A comment that starts with a rule constrains its key::
+"""The schema: every key a config may set, its default, type and allowed values, read from the
+config folder (``CONFIG_DIR``), which this module alone reads as a schema.
+
+``config/base.yaml`` is the schema of the whole tree, with ``env/base.yaml`` for each of
+``env.train`` / ``env.eval`` / ``env.eval_pass_k`` and ``model/base.yaml`` plus
+``model/<model_type>.yaml`` for ``actor.model``: a key that is not there is an error, and a value
+must have the type of its default (``check_schema``).
+
+Allowed values are declared once, in the comment next to each default. A comment that starts
+with a rule constrains its key::
 
     optimizer: adam     # {adam, adamw, sgd} ...       one of these values
     gamma: 0.99         # [0, 1] discount               a number in the interval
@@ -10,11 +18,12 @@
 A key whose default is null always accepts null. Rules are read from ``base.yaml`` (keys as
 written), ``env/base.yaml`` (``env.<split>.<key>``) and ``model/base.yaml`` + the model's own
 file (``actor.model.<key>``, the model's file winning). ``embodied.validate`` checks every rule
-before anything starts; code that dispatches on a choice reads the names here for its errors.
+before anything starts (``check`` does for a policy's options alone).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -24,10 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
 
-from embodied.config import CONFIG_DIR
+from core.errors import ConfigError, expected
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 ENV_SPLITS = ("train", "eval", "eval_pass_k")
+# Nodes whose keys are free: placement lines and simulator construction options, checked by
+# the placement parser and by the env adapters themselves.
+OPEN_NODES = ("cluster.component_placement", *(f"env.{split}.init_params" for split in ENV_SPLITS))
 _INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
 _CHOICES = re.compile(r"^\{([^}]*)\}")
 _OR = re.compile(r"^\s+or ([^\s:;,]+)")
@@ -161,29 +175,113 @@ def leaves(model_type: str | None = None, config_dir: Path = CONFIG_DIR) -> dict
 
 
 def check(values: Mapping[str, Any], prefix: str, model_type: str | None = None) -> None:
-    """Raise ``ValueError`` naming the first of ``values`` (the keys under ``prefix``, e.g. a
-    policy's ``actor.model`` options) that its rule refuses; for code built without
-    ``embodied.validate`` in front (tests, benchmarks, notebooks)."""
+    """Raise ``ConfigError`` naming the first of ``values`` (the keys under ``prefix``, e.g. a
+    policy's ``actor.model`` options) that its rule refuses."""
     rules = leaves(model_type)
     for key, value in values.items():
         leaf = rules.get(f"{prefix}{key}")
         if leaf is None or leaf.rule is None or (isinstance(value, str) and "${" in value):
             continue
         if not leaf.rule.allows(value):
-            raise ValueError(f"{prefix}{key} = {value!r}: expected {leaf.rule.expected()}")
+            raise expected(f"{prefix}{key}", value, leaf.rule.expected())
 
 
 def choices(key: str) -> tuple[Any, ...]:
-    """The allowed values of a choice key (for code that dispatches on it)."""
+    """The allowed values of a choice key."""
     rule = leaves()[key].rule
     if rule is None or rule.choices is None:
         raise KeyError(f"{key} declares no choices in config/")
     return rule.choices
 
 
-def unknown_choice(key: str, value: Any) -> ValueError:
-    """The error of a value a dispatch does not implement, naming the allowed ones."""
-    return ValueError(f"{key} = {value!r}: expected one of {list(choices(key))}")
+def default(key: str) -> Any:
+    """A leaf's default as written (interpolations unresolved)."""
+    return leaves()[key].default
+
+
+# ------------------------------------------------------------------ keys and types
+def check_schema(cfg: DictConfig, config_dir: Path = CONFIG_DIR) -> None:
+    """Every key of ``cfg`` exists in the schema, with a value of the default's type."""
+    schema = _load(config_dir / "base.yaml")
+    env_schema = _load(config_dir / "env" / "base.yaml")
+    for split in ENV_SPLITS:
+        if cfg.get("env", {}).get(split):
+            schema["env"][split] = env_schema
+    model_type = OmegaConf.select(cfg, "actor.model.model_type", default=None)
+    if cfg.get("actor", {}).get("model"):
+        model_schema = _load(config_dir / "model" / "base.yaml")
+        own = config_dir / "model" / f"{model_type}.yaml"
+        if not own.exists():
+            raise expected("actor.model.model_type", model_type, f"one of {model_types(config_dir)}")
+        model_schema.update(_load(own))
+        schema["actor"]["model"] = model_schema
+    values = OmegaConf.to_container(cfg, resolve=False)
+    _check_node(values, schema, "")
+
+
+def model_types(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The models that have a schema file (``config/model/<model_type>.yaml``)."""
+    return sorted(p.stem for p in (config_dir / "model").glob("*.yaml") if p.stem != "base")
+
+
+def other_models_key(path: str, model_type: str | None) -> None:
+    """A key of other models' schemas set for this one: say so, naming those models."""
+    owners = [name for name in model_types() if name != model_type and path in leaves(name)]
+    if owners:
+        whose = f"model_type {model_type}" if model_type else "this config's model_type"
+        raise ConfigError(f"{path}: not supported by {whose}, because only {', '.join(owners)} read it")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    data.pop("defaults", None)
+    return data
+
+
+def _check_node(values: dict, schema: dict, prefix: str) -> None:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if path in OPEN_NODES:
+            continue
+        if key not in schema:
+            if prefix == "actor.model.":
+                other_models_key(path, values.get("model_type"))
+            near = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
+            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            raise ConfigError(f"unknown config key {path}{hint}")
+        default = schema[key]
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise expected(path, value, "a mapping of keys")
+            _check_node(value, default, path + ".")
+        else:
+            _check_type(path, value, default)
+
+
+def _is_interpolation(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+def _check_type(path: str, value: Any, default: Any) -> None:
+    if default is None or value is None:  # null is range-checked by the rules
+        return
+    if _is_interpolation(default) or _is_interpolation(value):
+        return
+    allowed: tuple[type, ...]
+    if isinstance(default, bool):
+        allowed, name = (bool,), "true or false"
+    elif isinstance(default, int):
+        allowed, name = (int,), "an integer"
+    elif isinstance(default, float):
+        allowed, name = (int, float), "a number"
+    elif isinstance(default, str):
+        allowed, name = (str,), "a string"
+    elif isinstance(default, list):
+        allowed, name = (list,), "a list"
+    else:
+        return
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        raise expected(path, value, name)
 
 
 def _num(x: float) -> str:

@@ -12,12 +12,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import ConfigError
 from embodied import checkpoint, schema
-from embodied.refused import refuse_unsupported
-from embodied.config import CONFIG_DIR, ConfigError, chunk_steps
+from embodied.algorithms import ADVANTAGES
+from embodied.config import chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
-from envs import ENV_CHECKS, ENVS
-from envs.vector_env import EnvSetupError
+from embodied.refused import refuse_unsupported
+from envs import ENVS, describe
 from policies import POLICIES
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
@@ -32,7 +33,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if cfg.data.max_prompt_length >= cfg.runner.seq_length:
         _fail("data.max_prompt_length", cfg.data.max_prompt_length,
               f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
-    _rules(cfg)  # after the prompt length: the causal LM's action_dim is what remains of seq_length
+    _rules(cfg)  # after the prompt length: a text model's action_dim is what remains of seq_length
 
     backends = list(cfg.runner.logger.logger_backends)
     for backend in backends:
@@ -41,7 +42,8 @@ def validate(cfg: DictConfig) -> PlacementPlan:
 
     model = cfg.actor.model
     if not model:
-        _fail("actor.model", {}, "a model group, e.g. `model/mlp@actor.model` in the defaults list")
+        _fail("actor.model", {}, f"a model group `model/<model_type>@actor.model` in the defaults list "
+              f"(model_type one of {POLICIES.names()})")
     if model.model_type not in POLICIES:
         _fail("actor.model.model_type", model.model_type, f"one of {POLICIES.names()}")
 
@@ -51,12 +53,13 @@ def validate(cfg: DictConfig) -> PlacementPlan:
             _fail(f"actor.model.{key}", path, "an existing checkpoint folder")
     _policy_checks(model)
     adv = cfg.algorithm.adv_type
-    if adv == "grpo" and cfg.algorithm.group_size < 2:
+    needs = ADVANTAGES.declared(adv)
+    if needs["needs_groups"] and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
-              "at least 2 with algorithm.adv_type=grpo (advantages are normalized within a group)")
-    if adv == "gae" and not model.add_value_head:
+              f"at least 2 with algorithm.adv_type={adv} (advantages are normalized within a group)")
+    if needs["needs_value_head"] and not model.add_value_head:
         _fail("actor.model.add_value_head", model.add_value_head,
-              "true with algorithm.adv_type=gae (PPO needs a value head to bootstrap)")
+              f"true with algorithm.adv_type={adv} (it bootstraps from the critic's values)")
 
     plan = _placement(cfg)
     _training_options(cfg, plan.accelerator)
@@ -81,48 +84,21 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         _checkpoint(cfg, "runner.resume_dir")
     _pass_k(cfg)
     _validate_envs(cfg, plan)
-    text = [f"env.{s}" for s in schema.ENV_SPLITS if cfg.env[s] and cfg.env[s].env_type == "text"]
-    if cfg.runner.task_type == "math":
-        _validate_text(cfg)
-    elif text:
-        _fail("runner.task_type", cfg.runner.task_type, f"math with the text env of {text[0]}")
     return plan
 
 
-def _validate_text(cfg: DictConfig) -> None:
-    """Text envs (math): the causal LM, its tokenizer and the prompt sets, read once here so that
-    a missing folder, a malformed line or a missing key fails before any worker starts."""
-    from envs.text import DataError, load_prompts, load_tokenizer
-
-    model, train = cfg.actor.model, cfg.env.train
-    if train.env_type != "text":
-        _fail("env.train.env_type", train.env_type, "text with runner.task_type=math")
-    if model.model_type != "causal_lm":
-        _fail("actor.model.model_type", model.model_type, "causal_lm with a text env")
-    if model.model_path is None or not os.path.isfile(os.path.join(model.model_path, "config.json")):
-        _fail("actor.model.model_path", model.model_path, "a Hugging Face model folder (with config.json)")
-    if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
-        _fail("env.train.total_num_envs", train.total_num_envs,
-              f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
-    try:
-        tok = load_tokenizer(train.init_params)
-        for split in ("train", "eval"):
-            if cfg.env[split].env_type == "text":
-                load_prompts(cfg.env[split].init_params, tok)
-    except DataError as err:
-        raise ConfigError(str(err)) from None
-
-
-
 def _pass_k(cfg: DictConfig) -> None:
-    """``data.val_pass_k`` above 1 samples on the ``env.eval_pass_k`` text envs, k per prompt."""
+    """``data.val_pass_k`` above 1 samples on the ``env.eval_pass_k`` envs (of an env that reads
+    prompt data), k per prompt."""
     k = cfg.data.val_pass_k
     if k == 1:
         return
     env = cfg.env.eval_pass_k
-    if not env or env.env_type != "text":
-        raise ConfigError(f"data.val_pass_k = {k}: not supported here, because pass@k needs a text env split "
-                          "env.eval_pass_k (e.g. `env/math_val_pass_k@env.eval_pass_k` in the defaults list)")
+    prompted = [name for name in ENVS.names() if "data" in ENVS.declared(name)["reads"]]
+    if not env or env.env_type not in prompted:
+        raise ConfigError(f"data.val_pass_k = {k}: not supported here, because pass@k needs an env split "
+                          f"env.eval_pass_k of env_type {' or '.join(prompted)} (e.g. "
+                          "`env/math_val_pass_k@env.eval_pass_k` in the defaults list)")
     if env.group_size != k:
         _fail("env.eval_pass_k.group_size", env.group_size, f"data.val_pass_k ({k}): k responses per prompt")
     if not cfg.actor.model.do_sample:
@@ -135,45 +111,57 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
     chunks = cfg.actor.model.num_action_chunks
     env_ranks = plan.world_size("env")
     stages = cfg.rollout.pipeline_stage_num
+    task = cfg.runner.task_type
+    policy = POLICIES.get(cfg.actor.model.model_type)
+    model_options = OmegaConf.to_container(cfg.actor.model, resolve=True)
     for split in ("train", "eval", "eval_pass_k") if cfg.data.val_pass_k > 1 else ("train", "eval"):
         env = cfg.env[split]
         if not env:
-            _fail(f"env.{split}", {}, f"an env group, e.g. `env/maniskill_push_cube@env.{split}`")
+            _fail(f"env.{split}", {}, f"an env group `env/<group>@env.{split}` in the defaults list")
         if env.env_type not in ENVS:
             _fail(f"env.{split}.env_type", env.env_type, f"one of {ENVS.names()}")
+        if ENVS.declared(env.env_type)["task_type"] != task:
+            _fail(f"env.{split}.env_type", env.env_type,
+                  f"{' or '.join(ENVS.where(task_type=task))} with runner.task_type={task}")
         if env.each_reset_state_once and env.auto_reset:
             _fail(f"env.{split}.auto_reset", True, f"false with env.{split}.each_reset_state_once "
                   "(one episode per env and round)")
-        if env.env_type == "libero" and cfg.actor.model.model_type == "openvla_oft":
-            _libero_gripper(cfg.actor.model, env, split)
-        if env.env_type in ENV_CHECKS:  # the adapter's own checks: suite, files, assets
-            try:
-                ENV_CHECKS.get(env.env_type)(env)
-            except EnvSetupError as err:
-                raise ConfigError(f"env.{split}: {err}") from None
+        try:  # the adapter's own checks: suite, files, assets, prompt sets
+            description = describe(env)
+        except ConfigError as err:
+            raise ConfigError(f"env.{split}: {err}") from None
+        policy.check_env(model_options, description, split)  # e.g. the policy's gripper against the env's
         unit = env_ranks * stages * env.group_size
         if env.total_num_envs % unit:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
                   f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num "
                   f"({stages}) x env.{split}.group_size ({env.group_size}) = {unit}")
+    if POLICIES.declared(cfg.actor.model.model_type)["task_type"] != task:
+        _fail("actor.model.model_type", cfg.actor.model.model_type,
+              f"{' or '.join(POLICIES.where(task_type=task))} with runner.task_type={task}")
     rollout_ranks, actor_ranks = plan.world_size("rollout"), plan.world_size("actor")
     if env_ranks % rollout_ranks:
         _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
               f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
               "rank serves whole env ranks")
     train = cfg.env.train
+    if "data" in ENVS.declared(train.env_type)["reads"]:  # prompts per step x responses per prompt
+        if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
+            _fail("env.train.total_num_envs", train.total_num_envs,
+                  f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
     shard = train.total_num_envs // actor_ranks
     if train.total_num_envs % actor_ranks or shard % train.group_size:
         _fail("env.train.total_num_envs", train.total_num_envs,
               f"a multiple of {actor_ranks} actor rank(s) x env.train.group_size ({train.group_size}) "
               "so that every actor rank trains on whole groups")
-    if cfg.algorithm.adv_type == "grpo":
+    adv = cfg.algorithm.adv_type
+    if ADVANTAGES.declared(adv)["needs_groups"]:
         if not train.use_fixed_reset_state_ids:
             _fail("env.train.use_fixed_reset_state_ids", False,
-                  "true with algorithm.adv_type=grpo (a group must share its reset state)")
+                  f"true with algorithm.adv_type={adv} (a group must share its reset state)")
         if train.group_size != cfg.algorithm.group_size:
             _fail("env.train.group_size", train.group_size,
-                  f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type=grpo")
+                  f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type={adv}")
     if cfg.actor.enable_offload and cfg.actor.channel.queue_size:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
               "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
@@ -185,28 +173,12 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
               "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")
 
 
-def _libero_gripper(model: DictConfig, env: DictConfig, split: str) -> None:
-    """OpenVLA-OFT's gripper output must be what the LIBERO env takes: LIBERO's datasets store
-    the gripper as [0 close, 1 open]; ``normalize_gripper`` makes that -1/+1 (+1 open) and
-    ``invert_gripper`` flips it, so the env's ``gripper_open_action`` must be -1 with the flip."""
-    if not model.normalize_gripper:
-        _fail("actor.model.normalize_gripper", False, "true with env_type libero (LIBERO's gripper "
-              "takes -1/+1; the model predicts the dataset's [0, 1])")
-    opens = -1 if model.invert_gripper else 1
-    given = env.init_params.get("gripper_open_action")
-    if given != opens:
-        _fail(f"env.{split}.init_params.gripper_open_action", given,
-              f"{opens} with actor.model.invert_gripper={model.invert_gripper} (the model's "
-              f"action that opens the gripper)")
-
-
 def _training_options(cfg: DictConfig, accelerator: str) -> None:
     """Combinations of optimizer, precision and offload options that cannot work."""
     optim, fsdp = cfg.actor.optim, cfg.actor.fsdp_config
-    schema = OmegaConf.load(CONFIG_DIR / "base.yaml").actor.optim
     if optim.optimizer == "sgd":
         for key in ("adam_beta1", "adam_beta2", "adam_eps"):
-            if optim[key] != schema[key]:
+            if optim[key] != schema.default(f"actor.optim.{key}"):
                 raise ConfigError(f"actor.optim.{key}: not supported with actor.optim.optimizer=sgd, "
                                   "because SGD keeps no moment estimates")
     if cfg.actor.lr_sched.min_lr > cfg.actor.lr_sched.max_lr:
@@ -271,14 +243,10 @@ def _writable(key: str, path: str) -> None:
 
 
 def _policy_checks(model: DictConfig) -> None:
-    """The policy's own checks of its checkpoint folder (``check_config``), when it has any and a
-    ``model_path`` is set: a folder that does not fit the config fails here, before any worker
-    starts."""
-    check = getattr(POLICIES.get(model.model_type), "check_config", None)
-    if check is None or model.get("model_path") is None:
-        return
+    """The policy's own checks of the folders its options name (``Policy.check_config``): a
+    folder that does not fit the config fails here, before any worker starts."""
     try:
-        check(OmegaConf.to_container(model, resolve=True))
+        POLICIES.get(model.model_type).check_config(OmegaConf.to_container(model, resolve=True))
     except (ValueError, KeyError, FileNotFoundError) as err:
         raise ConfigError(str(err).strip("'\"")) from None
 

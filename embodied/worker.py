@@ -17,7 +17,7 @@ raises, or whose process dies, even while idle or while the driver waits on anot
 the wait within seconds with a ``WorkerError`` naming group, rank and node (``EnvGroup rank 0 on
 node 1 (10.0.0.2) died: ...``); a whole node lost ends it the same way. Shutting a group down
 waits for its processes to exit, so that the shared memory they could not release (killed,
-not closed) can be swept (``embodied.channel.sweep_dead_channels``).
+not closed) can be swept (``core.shm.sweep_dead_segments``).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ class WorkerGroup:
         self._hosts = []
         self._cluster.release(self.name)
         # a killed rank cannot clean up after itself: once its process is gone, whatever shared
-        # memory it made is swept (embodied.channel.sweep_dead_channels)
+        # memory it made is swept (core.shm.sweep_dead_segments)
         _wait_for_exit([pid for host, pid in self._processes if host == socket.gethostname()])
         self._processes = []
 

@@ -1,15 +1,54 @@
-"""Environment adapters behind one vector-env interface (see DESIGN.md), by ``env_type``."""
+"""Environment adapters behind one env protocol (``envs/protocol.py``), by ``env_type``.
 
-from embodied.registry import Registry
+Adding an env is a module implementing the protocol (usually a ``BatchedSim`` under
+``VectorEnv``), its line here and its ``config/env/<name>.yaml`` (docs/architecture.md). An entry
+declares what the config layer checks without building it: ``describe``, a ``"module:function"``
+the driver runs before any worker starts (cheap imports only), which checks the env config and
+returns its ``EnvDescription``; ``task_type``, the ``runner.task_type`` it belongs to; ``reads``,
+keys outside ``env.*`` that reach it through its group file, with what they are.
+"""
 
-ENVS = Registry("env type", "env.*.env_type", {
-    "maniskill": "envs.maniskill:ManiSkillVectorEnv",
-    "text": "envs.text:TextEnv",
-    "libero": "envs.libero:LiberoVectorEnv",
-})
-# Checks of an env config that run in the driver before any worker starts (cheap imports only),
-# by env type; each returns a description whose ``reset_state_names()`` list the reset states.
-ENV_CHECKS = Registry("env type", "env.*.env_type", {
-    "libero": "envs.libero:check_config",
-    "text": "envs.text:check_config",
-})
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from core.description import EnvDescription
+from core.errors import EnvSetupError
+from core.registry import Registry
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
+
+ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", reads={})
+ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe")
+ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv")
+ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
+
+
+def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:
+    """The checks of ``env_cfg`` that need no simulator, and what they find."""
+    target = ENVS.declared(env_cfg["env_type"])["describe"]
+    if target is None:
+        return EnvDescription()
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)(env_cfg)
+
+
+def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str | None = None) -> Any:
+    """The env an env worker owns: ``num_envs`` envs of ``env_cfg.env_type``, the first of which
+    has global index ``seed_offset``, wrapped in a video recorder when
+    ``env_cfg.video_cfg.save_video`` is on (its files start with ``name``)."""
+    if not (isinstance(num_envs, int) and num_envs >= 1):
+        raise EnvSetupError(f"num_envs={num_envs!r}: expected a positive integer")
+    env = ENVS.get(env_cfg["env_type"])(env_cfg, num_envs=num_envs, seed_offset=seed_offset)
+    if env_cfg["video_cfg"]["save_video"]:
+        from envs.video import VideoRecorder
+
+        try:
+            env = VideoRecorder.from_config(env, env_cfg, name=name or f"envs{seed_offset}")
+        except BaseException:
+            env.close()
+            raise
+    return env

@@ -7,6 +7,7 @@ The answer is the plain integer; math-verify checks it (``envs/verifier.py``), a
 that merely repeats the question's expression does not count as that answer there.
 
     python -m envs.arithmetic DIR [--train 1800] [--test 200] [--seed 0]
+    python -m envs.arithmetic DIR --score MODEL     # held-out greedy accuracy of a model folder
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 OPERATORS = ("+", "-")
 
@@ -40,13 +42,46 @@ def write_split(folder: str | Path, train: int = 1800, test: int = 200, seed: in
     return paths
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int = 6) -> float:
+    """Greedy accuracy of a Hugging Face causal LM on ``rows``, scored as the text env scores
+    (math-verify, ``envs.verifier``'s rules)."""
+    import torch
+
+    from envs.verifier import CORRECT, score_one
+
+    model.eval()
+    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(score_one(t, r["answer"]) == CORRECT for t, r in zip(texts, rows)) / len(rows)
+
+
+def held_out_accuracy(model_dir: str | Path, folder: str | Path) -> float:
+    """``greedy_accuracy`` of the model folder ``model_dir`` on ``folder/test.jsonl``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return greedy_accuracy(model, AutoTokenizer.from_pretrained(model_dir), read_jsonl(Path(folder) / "test.jsonl"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder")
     parser.add_argument("--train", type=int, default=1800)
     parser.add_argument("--test", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--score", metavar="MODEL", help="print MODEL's held-out greedy accuracy instead")
     args = parser.parse_args()
+    if args.score:
+        print(json.dumps({"accuracy": held_out_accuracy(args.score, args.folder)}))
+        return
     for name, path in write_split(args.folder, args.train, args.test, args.seed).items():
         print(f"{name}: {path}")
 

@@ -49,7 +49,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from envs.vector_env import EnvSetupError, VectorEnv, read_options
+from core.description import EnvDescription
+from core.errors import EnvSetupError
+from envs.vector_env import VectorEnv, read_options
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.task_suite_name",)
@@ -201,6 +203,13 @@ def _check_assets(folder: Path, own_tasks: bool) -> None:
             f"LIBERO assets: {what}. Download them on a machine with internet access with "
             f"`{DOWNLOAD.format(dir=folder)}`, then point env.init_params.assets_path (or "
             "$LIBERO_ASSETS_PATH) at that folder")
+
+
+def describe(env_cfg: Any) -> EnvDescription:
+    """``check_config``'s findings for the config layer: the reset states and LIBERO's gripper."""
+    setup = check_config(env_cfg)
+    return EnvDescription(reset_state_names=setup.reset_state_names(),
+                          gripper_open_action=("init_params.gripper_open_action", setup.params["gripper_open_action"]))
 
 
 def check_config(env_cfg: Any) -> Setup:

@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from envs.vector_env import RENDER_IMAGES, EnvSetupError, VectorEnv, read_options
+from core.errors import EnvSetupError
+from envs.protocol import RENDER_IMAGES
+from envs.vector_env import VectorEnv, read_options
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.num_processes", "env.*.init_params")
@@ -171,7 +173,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def extract_obs(raw: Any, p: dict[str, Any]) -> dict[str, np.ndarray]:
-    """DESIGN.md's observation arrays from a batched ManiSkill observation."""
+    """The observation arrays of the env protocol (envs/protocol.py) from a batched ManiSkill observation."""
     if p["obs_mode"] == "state":
         return {"states": _to_numpy(raw).astype(np.float32)}
     sensors = raw["sensor_data"]

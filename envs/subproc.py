@@ -31,7 +31,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from envs.vector_env import EnvSetupError
+from core.errors import EnvSetupError
+from core.shm import creator_prefix
 
 ObsSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -172,8 +173,6 @@ class _Resources:
 
 
 def _segment_name() -> str:
-    from embodied.channel import creator_prefix
-
     return f"{creator_prefix(os.getpid())}env.{secrets.token_hex(6)}"
 
 

@@ -35,14 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from envs.vector_env import EnvSetupError, read_options
-from envs.verifier import CORRECT, TIMEOUT, UNPARSABLE, Verifier
+from core.description import EnvDescription
+from core.errors import DataError, EnvSetupError
+from envs.protocol import ResetStates
+from envs.vector_env import read_options
+from envs.verifier import TIMEOUT, UNPARSABLE, Verifier
 
 SAMPLES_KEPT = 8  # responses kept from each step for the logs
-
-
-class DataError(EnvSetupError):
-    """A prompt set the env cannot use; the message names the file, line and key."""
 
 
 @dataclass
@@ -148,15 +147,15 @@ def _verifier() -> Verifier:
     return _VERIFIER
 
 
-class _PromptStream:
-    """What ``check_config`` describes: prompts have no enumerated reset-state names."""
+def describe(cfg: Mapping[str, Any]) -> EnvDescription:
+    """``check_config``, then the tokenizer and the prompt set read once, so that a missing
+    folder, a malformed line or a missing key fails before any worker starts."""
+    check_config(cfg)
+    load_prompts(cfg["init_params"], load_tokenizer(cfg["init_params"]))
+    return EnvDescription()  # prompts have no enumerated reset-state names
 
-    @staticmethod
-    def reset_state_names() -> None:
-        return None
 
-
-def check_config(cfg: Mapping[str, Any]) -> _PromptStream:
+def check_config(cfg: Mapping[str, Any]) -> None:
     """The env keys a text env cannot honour, refused in the driver before any worker starts."""
     if cfg.get("each_reset_state_once"):
         raise EnvSetupError("each_reset_state_once: not supported by the text env, because an eval "
@@ -173,11 +172,10 @@ def check_config(cfg: Mapping[str, Any]) -> _PromptStream:
             raise EnvSetupError(f"{key}={cfg[key]!r}: the text env needs {wanted} (one response per episode)")
     if cfg["video_cfg"]["save_video"]:
         raise EnvSetupError("video_cfg.save_video: the text env has no frames to record")
-    return _PromptStream()
 
 
 class TextEnv:
-    """``num_envs`` single-step envs over a prompt set; the vector-env interface of DESIGN.md."""
+    """``num_envs`` single-step envs over a prompt set; the env protocol (``envs/protocol.py``)."""
 
     rounds = 1  # an eval validates its total_num_envs prompts in one episode (no each_reset_state_once)
 
@@ -193,14 +191,14 @@ class TextEnv:
         self.num_envs = num_envs
         self.max_prompt_length = int(params["max_prompt_length"])
         self.reward = float(params["reward_scale"]) * float(options["reward_coef"])
-        self.shuffle, self.seed = bool(params["shuffle"]), int(options["seed"])
         unit = options["group_size"] if options["use_fixed_reset_state_ids"] else 1
         self.streams = (seed_offset + np.arange(num_envs)) // unit
         self.pass_at_group = bool(params["pass_at_group"])
         if self.pass_at_group and unit == 1:  # (read_options keeps groups whole within a stage)
             raise EnvSetupError("env.*.init_params.pass_at_group needs groups: group_size > 1 with "
                                 "use_fixed_reset_state_ids")
-        self.num_streams = int(cfg["total_num_envs"]) // unit
+        self.states = ResetStates(len(self.prompts), int(cfg["total_num_envs"]) // unit, int(options["seed"]),
+                                  shuffle=bool(params["shuffle"]))
         eos = params.get("eos_token_id")  # rollout.eos: where the policy stops, where responses end
         self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -209,28 +207,17 @@ class TextEnv:
         self._stepped = False
         self._counts = {UNPARSABLE: 0, TIMEOUT: 0}
         self._samples: list[dict[str, Any]] = []
-        self._orders: dict[int, np.ndarray] = {}
 
     @property
     def task_descriptions(self) -> list[str]:
         return [p.source for p in self._current]
 
-    def _prompt_at(self, position: int) -> Prompt:
-        epoch, index = divmod(position, len(self.prompts))
-        if self.shuffle:
-            if epoch not in self._orders:
-                self._orders = {epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))}
-            index = int(self._orders[epoch][index])
-        return self.prompts[index]
-
     def reset(self, reset_state_ids: np.ndarray | list[int] | None = None) -> dict[str, Any]:
         """The next prompt of every env (``reset_state_ids``: prompt indices, if given)."""
         self._episode += 1
         if reset_state_ids is None:
-            positions = self._episode * self.num_streams + self.streams
-            self._current = [self._prompt_at(int(p)) for p in positions]
-        else:
-            self._current = [self.prompts[int(i)] for i in reset_state_ids]
+            reset_state_ids, _ = self.states.ids(self.streams, self._episode)
+        self._current = [self.prompts[int(i)] for i in reset_state_ids]
         self._stepped = False
         return self._observation()
 
@@ -305,7 +292,7 @@ class TextEnv:
         self._current = []
 
     def flush(self) -> None:
-        """Nothing to finish (no videos)."""
+        """Nothing is being written (no videos)."""
 
     def close(self) -> None:
         """The scoring pool is shared by the process's envs and ends with it."""

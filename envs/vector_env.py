@@ -1,4 +1,5 @@
-"""The vector-env interface of DESIGN.md and the episode bookkeeping every simulator shares.
+"""The vector env: the env protocol (``envs/protocol.py``) over any simulator, with the episode
+bookkeeping every simulator shares.
 
 A simulator adapter only has to step a batch of envs (a ``BatchedSim``: ManiSkill's GPU sim, or
 ``SubprocVectorEnv`` over one-scene processes); ``VectorEnv`` puts the reference options on top
@@ -23,26 +24,24 @@ Chunk semantics (``chunk_step(actions[B, C, A])``):
 
 Reset states: a reset state id picks an episode's initial state (a seed for ManiSkill, a
 (task, init state) pair for LIBERO). Without explicit ids each env's next id is a function of
-``(seed, stream, episode number)``, where the stream is the env's global index
-(``seed_offset + i``), or its group's index with ``use_fixed_reset_state_ids`` so that every
-env of a group starts each episode from the same state, also after auto-resets. The episode
-numbers are the only state that decides future reset states: ``next_episodes`` reads them and
-``set_next_episodes`` hands them to a rebuilt env (after offloading, or a restart from a
+``(seed, stream, episode number)`` (``envs.protocol.ResetStates``), where the stream is the env's
+global index (``seed_offset + i``), or its group's index with ``use_fixed_reset_state_ids`` so
+that every env of a group starts each episode from the same state, also after auto-resets. The
+episode numbers are the only state that decides future reset states: ``next_episodes`` reads them
+and ``set_next_episodes`` hands them to a rebuilt env (after offloading, or a restart from a
 checkpoint), which then resets into exactly the episodes this one would have started.
 
 - An unbounded set of reset states (``num_reset_states`` None, e.g. seeds) is drawn at random.
-- A finite set of ``N`` states is visited evenly: the streams of all ``total_num_envs`` envs
-  (``S`` of them) take turns through one sequence of random permutations of the ``N`` states,
-  stream ``s``'s episode ``k`` taking position ``k * S + s``; so each block of ``N`` positions
-  starts every state once, whatever the number of envs (exactly even whenever all streams have
-  started equally many episodes, as without auto-reset; within a cycle otherwise).
+- A finite set of ``N`` states is visited evenly: each block of ``N`` episodes of all
+  ``total_num_envs`` streams starts every state once, whatever the number of envs (exactly even
+  whenever all streams have started equally many episodes, as without auto-reset; within a cycle
+  otherwise).
 - ``each_reset_state_once`` (the eval protocol, also for "every held-out prompt once"): the
-  ``N`` states are split into contiguous runs over the streams, ``rounds = ceil(N / S)``
-  episodes each, so that episodes ``0 .. rounds - 1`` of all envs together start every state
-  exactly once (ordered, so that a LIBERO env stays on one task for consecutive episodes).
-  Episodes past a stream's run repeat a state to keep the batch full and are flagged in
-  ``infos["extra_episode"]``, which ``EpisodeStats`` leaves out. Needs ``auto_reset: false``:
-  the caller runs ``rounds`` episodes per env, one per ``reset()``.
+  envs' episodes ``0 .. rounds - 1`` together start every state exactly once (ordered, so that a
+  LIBERO env stays on one task for consecutive episodes). Episodes past a stream's run repeat a
+  state to keep the batch full and are flagged in ``infos["extra_episode"]``, which
+  ``EpisodeStats`` leaves out. Needs ``auto_reset: false``: the caller runs ``rounds`` episodes
+  per env, one per ``reset()``.
 
 Relative rewards: ``r'_t = r_t - r_{t-1}`` within an episode with ``r'_0 = 0``, so an episode's
 relative rewards sum to its last absolute reward minus its first; ``reward_coef`` multiplies after.
@@ -50,28 +49,17 @@ relative rewards sum to its last absolute reward minus its first; ``reward_coef`
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from core.errors import EnvSetupError
+from envs.protocol import Obs, ResetStates
+
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("env.*.env_type", "env.*.total_num_envs", "env.*.auto_reset", "env.*.ignore_terminations",
+CONFIG_KEYS = ("env.*.total_num_envs", "env.*.auto_reset", "env.*.ignore_terminations",
                "env.*.use_fixed_reset_state_ids", "env.*.group_size", "env.*.max_episode_steps",
-               "env.*.use_rel_reward", "env.*.reward_coef", "env.*.seed", "env.*.each_reset_state_once",
-               "env.*.video_cfg.save_video")
-
-Obs = dict[str, Any]
-# Frames [B, H, W, 3] uint8 that a simulator renders only for videos, when its observations hold
-# no camera images (ManiSkill with obs_mode state and video_cfg.save_video on). The video
-# recorder draws and removes them, so policies and channels never see them.
-RENDER_IMAGES = "render_images"
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
-
-
-class EnvSetupError(ValueError):
-    """A problem the user can fix (config value, missing system part); its message says how."""
-
+               "env.*.use_rel_reward", "env.*.reward_coef", "env.*.seed", "env.*.each_reset_state_once")
 
 class BatchedSim(Protocol):
     """What ``VectorEnv`` needs from a simulator: a fixed batch of envs stepped together."""
@@ -160,12 +148,9 @@ class VectorEnv:
         self.reward_coef = float(reward_coef)
         self.seed = int(seed)
         self.seed_offset = int(seed_offset)
-        self._finite = bool(sim.num_reset_states)
-        self._num_states = sim.num_reset_states or 2**31
-        self.each_reset_state_once = bool(each_reset_state_once)
         total = total_num_envs or seed_offset + n
-        self._num_streams = total // group_size if self.use_fixed_reset_state_ids else total
-        self._permutations: dict[int, np.ndarray] = {}
+        self._states = ResetStates(sim.num_reset_states, total // group_size if self.use_fixed_reset_state_ids
+                                   else total, self.seed, each_once=bool(each_reset_state_once))
         self._state_ids = np.zeros(n, np.int64)
         self._extra = np.zeros(n, bool)
         self._episode_index = np.full(n, -1, np.int64)
@@ -184,7 +169,7 @@ class VectorEnv:
     @property
     def rounds(self) -> int:
         """Episodes per env that start every reset state once (``each_reset_state_once``)."""
-        return -(-self._num_states // self._num_streams) if self.each_reset_state_once else 1
+        return self._states.rounds
 
     def reset_state_name(self, state_id: int) -> str:
         """A reset state in words, for file names; adapters with named states override it."""
@@ -210,9 +195,9 @@ class VectorEnv:
         else:
             state_ids = np.asarray(reset_state_ids)
             if (state_ids.shape != (self.num_envs,) or state_ids.dtype.kind not in "iu"
-                    or state_ids.min() < 0 or state_ids.max() >= self._num_states):
+                    or state_ids.min() < 0 or state_ids.max() >= self._states.num_states):
                 raise ValueError(f"reset_state_ids: expected {self.num_envs} integers in "
-                                 f"[0, {self._num_states}), got {reset_state_ids!r}")
+                                 f"[0, {self._states.num_states}), got {reset_state_ids!r}")
         obs = self.sim.reset(env_ids, state_ids)
         self._state_ids[:] = state_ids
         self._start_episodes(env_ids)
@@ -299,6 +284,15 @@ class VectorEnv:
         self._episode_index[:] = numbers - 1
         self._started = False
 
+    def pop_metrics(self) -> dict[str, float]:
+        return {}
+
+    def pop_samples(self) -> list[dict[str, Any]]:
+        return []
+
+    def flush(self) -> None:
+        """Nothing is being written (the video wrapper finishes its files here)."""
+
     def close(self) -> None:
         self.sim.close()
 
@@ -316,67 +310,13 @@ class VectorEnv:
         self._prev_reward[env_ids] = 0.0
 
     def _next_state_ids(self, env_ids: np.ndarray) -> np.ndarray:
-        """The reset states of these envs' current episode numbers (module docstring); flags
-        the extra episodes of ``each_reset_state_once``."""
+        """The reset states of these envs' current episode numbers; flags the extra episodes of
+        ``each_reset_state_once``."""
         streams = self.seed_offset + env_ids
         if self.use_fixed_reset_state_ids:
             streams = streams // self.group_size
-        episodes = self._episode_index[env_ids]
-        n = self._num_states
-        if self.each_reset_state_once:
-            position = streams * self.rounds + episodes
-            self._extra[env_ids] = (episodes >= self.rounds) | (position >= n)
-            return position % n
-        if not self._finite:
-            return np.array([np.random.default_rng([self.seed, int(s), int(k)]).integers(n)
-                             for s, k in zip(streams, episodes)], dtype=np.int64)
-        position = episodes * self._num_streams + streams
-        return np.array([self._permutation(int(p) // n)[int(p) % n] for p in position], np.int64)
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch not in self._permutations:
-            self._permutations = {epoch: np.random.default_rng([self.seed, epoch]).permutation(
-                self._num_states)} | {e: v for e, v in self._permutations.items() if e >= epoch - 1}
-        return self._permutations[epoch]
+        state_ids, self._extra[env_ids] = self._states.ids(streams, self._episode_index[env_ids])
+        return state_ids
 
     def _with_tasks(self, obs: dict[str, np.ndarray]) -> Obs:
         return {**obs, "task_descriptions": list(self.sim.task_descriptions)}
-
-
-def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str | None = None) -> Any:
-    """The vector env an env worker owns: ``num_envs`` envs of ``env_cfg.env_type``, the first of
-    which has global index ``seed_offset``, wrapped in a video recorder when
-    ``env_cfg.video_cfg.save_video`` is on (its files start with ``name``)."""
-    from envs import ENVS
-
-    if not (isinstance(num_envs, int) and num_envs >= 1):
-        raise EnvSetupError(f"num_envs={num_envs!r}: expected a positive integer")
-    env = ENVS.get(env_cfg["env_type"])(env_cfg, num_envs=num_envs, seed_offset=seed_offset)
-    if env_cfg["video_cfg"]["save_video"]:
-        from envs.video import VideoRecorder
-
-        try:
-            env = VideoRecorder.from_config(env, env_cfg, name=name or f"envs{seed_offset}")
-        except BaseException:
-            env.close()
-            raise
-    return env
-
-
-def reset_state_names(env_cfg: Any) -> list[str] | None:
-    """Every reset state an env config can start from, by name, when the adapter enumerates
-    them (LIBERO: suite, task and init state); None for unbounded seeds."""
-    from envs import ENV_CHECKS
-
-    if env_cfg["env_type"] not in ENV_CHECKS:
-        return None
-    return ENV_CHECKS.get(env_cfg["env_type"])(env_cfg).reset_state_names()
-
-
-def load_env_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """Compose one group file of ``config/env`` on its own (with its defaults), e.g. for tests,
-    benchmarks and scripts that run an env without a whole experiment config."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR / "env"), version_base=None):
-        return compose(config_name=name, overrides=list(overrides))

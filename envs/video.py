@@ -28,7 +28,8 @@ import imageio
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from envs.vector_env import RENDER_IMAGES, EnvSetupError
+from core.errors import EnvSetupError
+from envs.protocol import RENDER_IMAGES
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.video_cfg.info_on_video", "env.*.video_cfg.per_episode", "env.*.video_cfg.fps",

@@ -1,25 +1,14 @@
-"""Policies behind one act/evaluate interface (see DESIGN.md), by ``actor.model.model_type``."""
+"""Policies behind one act/evaluate interface (``policies/base.py``), by ``actor.model.model_type``.
 
-from __future__ import annotations
+The config layer builds them (``embodied.config.build_policy``: the schema's rules first); adding
+a model is a module implementing ``Policy``, its line here and its ``config/model/<name>.yaml``
+(docs/architecture.md)."""
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from core.registry import Registry
 
-from embodied.registry import Registry
-
-if TYPE_CHECKING:
-    from policies.base import Policy
-
-POLICIES = Registry("model type", "actor.model.model_type", {
-    "mlp": "policies.mlp:MLPPolicy",
-    "cnn": "policies.cnn:CNNPolicy",
-    "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
-    "causal_lm": "policies.causal_lm:CausalLMPolicy",
-})
-
-
-def build_policy(model_cfg: Mapping[str, Any]) -> Policy:
-    """The policy named by ``model_cfg.model_type``, built from the ``actor.model`` config."""
-    if "model_type" not in model_cfg:
-        raise KeyError(f"actor.model.model_type is missing; expected one of {POLICIES.names()}")
-    return POLICIES.get(model_cfg["model_type"])(model_cfg)
+# task_type: the runner.task_type (and so the envs) a model acts in, read without importing it
+POLICIES = Registry("model type", "actor.model.model_type", task_type="embodied")
+POLICIES.add("causal_lm", "policies.causal_lm:CausalLMPolicy", task_type="math")
+POLICIES.add("cnn", "policies.cnn:CNNPolicy")
+POLICIES.add("mlp", "policies.mlp:MLPPolicy")
+POLICIES.add("openvla_oft", "policies.openvla_oft:OpenVLAOFTPolicy")

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
-from embodied.schema import unknown_choice
+from core.errors import expected
 from policies.base import model_option
 
 HIDDEN_GAIN = math.sqrt(2.0)
@@ -95,4 +95,13 @@ def build_action_head(cfg, in_dim: int, num_action_chunks: int, action_dim: int)
         return GaussianActionHead(in_dim, num_action_chunks, action_dim, float(model_option(cfg, "init_log_std")))
     if kind == "bins":
         return BinnedActionHead(in_dim, num_action_chunks, action_dim, int(model_option(cfg, "n_action_bins")))
-    raise unknown_choice("actor.model.action_distribution", kind)
+    raise expected("actor.model.action_distribution", kind, f"one of {list(HEADS)}")
+
+
+HEADS = {"gaussian": "init_log_std", "bins": "n_action_bins"}  # each head and the option only it reads
+
+
+def unread_head_keys(head: str) -> dict[str, str]:
+    """The options of the heads other than ``head``, with why they are not read."""
+    why = {"init_log_std": f"the {head} head has no Gaussian std", "n_action_bins": f"the {head} head has no bins"}
+    return {f"actor.model.{key}": why[key] for name, key in HEADS.items() if name != head}

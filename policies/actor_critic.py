@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
-from policies.action_heads import VALUE_GAIN, build_action_head, layer_init
+from policies.action_heads import VALUE_GAIN, build_action_head, layer_init, unread_head_keys
 from policies.base import ActOutput, EvaluateOutput, Policy, model_option
 
 
@@ -25,12 +25,34 @@ class SmallActorCritic(Policy):
                    "add_value_head", "gradient_checkpointing")
     refused_keys = {"is_lora": "LoRA adapters, because small policies train all their weights"}
 
+    @classmethod
+    def unread_keys(cls, cfg: Mapping[str, Any]) -> dict[str, str]:
+        return super().unread_keys(cfg) | unread_head_keys(cfg["action_distribution"])
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         self.add_value_head = bool(model_option(cfg, "add_value_head"))
         self.hidden_dims = [int(w) for w in model_option(cfg, "hidden_dims")]
         if not self.hidden_dims or min(self.hidden_dims) < 1:
             raise ValueError(f"actor.model.hidden_dims must be a non-empty list of widths, got {self.hidden_dims}")
+
+    @property
+    def has_value_head(self) -> bool:
+        return self.add_value_head
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_head.parameters()) if self.add_value_head else []
+
+    def enable_gradient_checkpointing(self) -> list[nn.Module]:
+        """Each layer stack (an ``nn.Sequential`` child: the actor's and the critic's trunks, the
+        CNN's encoder) keeps only its input in the forward pass and recomputes its activations in
+        the backward pass."""
+        from torch.distributed._composable import checkpoint
+
+        stacks = [m for m in self.children() if isinstance(m, nn.Sequential)]
+        for stack in stacks:
+            checkpoint(stack)
+        return stacks
 
     def _make_action_head(self, cfg: Mapping[str, Any]) -> nn.Module:
         return build_action_head(cfg, self.hidden_dims[-1], self.num_action_chunks, self.action_dim)
@@ -51,6 +73,16 @@ class SmallActorCritic(Policy):
     @abstractmethod
     def distribution_and_values(self, inputs: Mapping[str, Tensor]) -> tuple[Distribution, Tensor | None]:
         """Action distribution over ``[B, C, action_dim]`` and values (None without critic)."""
+
+    @abstractmethod
+    def critic_features(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """What the value head reads."""
+
+    @torch.no_grad()
+    def values(self, obs: Mapping[str, Any]) -> Tensor | None:
+        if not self.add_value_head:
+            return None
+        return self._values(self.value_head(self.critic_features(self.preprocess(obs))))
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
@@ -82,16 +114,3 @@ def obs_tensor(obs: Mapping[str, Any], key: str, shape: tuple[int, ...], dtype: 
             "(check actor.model against the env)"
         )
     return x
-
-
-def checkpoint_trunks(policy: SmallActorCritic) -> list[nn.Module]:
-    """``actor.model.gradient_checkpointing`` for the small policies: each layer stack (an
-    ``nn.Sequential`` child: the actor's and the critic's trunks, the CNN's encoder) keeps only
-    its input in the forward pass and recomputes its activations in the backward pass. Apply
-    before ``fully_shard``. Returns the stacks."""
-    from torch.distributed._composable import checkpoint
-
-    stacks = [m for m in policy.children() if isinstance(m, nn.Sequential)]
-    for stack in stacks:
-        checkpoint(stack)
-    return stacks

@@ -1,26 +1,34 @@
-"""The policy interface every model in ``policies/`` implements (see DESIGN.md).
+"""The policy interface: everything the rollout and actor workers ask of a model
+(docs/architecture.md). Workers import this module and the registry, nothing else of
+``policies/``; each method has a default that fits a plain ``nn.Module`` trained whole.
 
 Rollout calls ``act(obs)`` under no_grad and stores its ``forward_inputs`` and ``actions``;
 training calls ``evaluate(forward_inputs, actions)`` (also reachable as ``policy(...)``, so
 FSDP's forward hooks fire) to recompute log-probs with gradients. Log-probs and entropies come
 per token, ``[B, num_action_chunks, action_dim]`` (a token is one action dim: a bin index for
 discretized actions, one coordinate for Gaussian ones, one generated token of a text response);
-``reduce_logprobs`` sums them to the level of ``algorithm.logprob_type`` / ``entropy_type``.
+the algorithms sum them to the level of ``algorithm.logprob_type``.
 
 Variable-length actions: a text response is ``action_dim = max_new_tokens`` token ids padded
 after EOS, and ``ActOutput.token_mask`` (``[B, C, action_dim]`` bool) marks the tokens that were
 really generated. Fixed-size policies leave it ``None``: every token counts. Masked tokens carry
 log-prob 0, and the actor leaves them out of every loss term.
 
-Checkpoints: the actor calls ``save_checkpoint(folder)`` (every rank; rank 0 writes) and
-``read_checkpoint(folder)`` (a state dict to load, possibly only the trained tensors); a rollout
-worker evaluating a checkpoint loads the same state dict. The default is one ``model.pt``; a
-policy with a published folder layout (OpenVLA-OFT: peft adapters, head files; the causal LM
-with LoRA: the peft adapter) overrides both.
+Weights: the *trainable* state is what changes in training: every tensor when all parameters
+train, else only the parameters that do (LoRA adapters, value head: the frozen base never changes).
+It is what a weight sync carries (``trainable_state_dict`` on the actor,
+``load_trainable_state_dict`` on a rollout copy). Checkpoints are the policy's own layout
+(``save_checkpoint`` / ``read_checkpoint``): one ``model.pt`` by default; a policy with a published
+folder layout (OpenVLA-OFT: peft adapters, head files; the causal LM with LoRA: the peft adapter)
+overrides both.
+
+A policy is built from plain options (the ``actor.model`` mapping); the config layer
+(``embodied.config.build_policy``) checks them against the schema's rules first.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +38,18 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from embodied.schema import check, unknown_choice
-from policies.weights import full_tensor, is_writer
+from core.description import EnvDescription
+from core.errors import ConfigError
+from policies.weights import check_keys, full_tensor, is_writer
 
 MODEL_FILE = "model.pt"
-VALUE_HEAD = "value_head"  # attribute name of the critic part, which trains with optim.value_lr
+# Keys outside actor.model that reach a policy through its model file (``${...}``) only when it
+# has the capability; a policy without it refuses them when set (``Policy.unread_keys``).
+TEXT_GENERATION_KEYS = ("algorithm.sampling_params.top_p", "algorithm.sampling_params.repetition_penalty",
+                        "algorithm.sampling_params.min_new_tokens", "algorithm.sampling_params.max_new_tokens",
+                        "runner.seq_length", "rollout.eos", "rollout.padding")
+TOKEN_SAMPLING_KEYS = ("algorithm.sampling_params.temperature", "algorithm.sampling_params.top_k",
+                       "actor.model.temperature", "actor.model.top_k")
 
 
 @dataclass
@@ -53,19 +68,6 @@ class EvaluateOutput:
     values: Tensor | None
 
 
-def reduce_logprobs(logprobs: Tensor, level: str) -> Tensor:
-    """Per-token ``[B, C, action_dim]`` -> ``token_level`` (unchanged), ``action_level``
-    (``[B, C]``, joint over an action's dims) or ``chunk_level`` (``[B]``, joint over the chunk).
-    Tokens are sampled independently given the observation, so joint log-probs are sums."""
-    if level == "token_level":
-        return logprobs
-    if level == "action_level":
-        return logprobs.sum(dim=-1)
-    if level == "chunk_level":
-        return logprobs.sum(dim=(-2, -1))
-    raise unknown_choice("algorithm.logprob_type", level)
-
-
 def model_option(cfg: Mapping[str, Any], key: str) -> Any:
     """``cfg[key]`` of ``actor.model``, or one clear error naming the missing key."""
     if key not in cfg or cfg[key] is None:
@@ -74,25 +76,77 @@ def model_option(cfg: Mapping[str, Any], key: str) -> Any:
 
 
 class Policy(nn.Module, ABC):
-    """Base of all policies: the shape contract and the common config keys."""
+    """Base of all policies: the shape contract, the worker hooks and their defaults."""
 
     # The actor.model keys a class reads (each class lists its own; a policy reads those of its
     # classes), and the keys of its model schema it refuses when set, with why. tests/test_schema.py
     # checks that every key of a model's schema is read or refused.
     config_keys: ClassVar[tuple[str, ...]] = ("model_type", "action_dim", "num_action_chunks", "value_type")
     refused_keys: ClassVar[dict[str, str]] = {}
+    generates_text: ClassVar[bool] = False  # reads TEXT_GENERATION_KEYS and actor.tokenizer
+    reads_task_prompt: ClassVar[bool] = False  # reads runner.max_prompt_length
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__()
-        check(cfg, "actor.model.", cfg.get("model_type"))
+        self.model_type = cfg.get("model_type")
         self.action_dim = int(model_option(cfg, "action_dim"))
         self.num_action_chunks = int(model_option(cfg, "num_action_chunks"))
         self.value_type = model_option(cfg, "value_type")
+        self._home: torch.device | None = None  # where released weights return (release_weights)
 
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def check_config(cls, cfg: Mapping[str, Any]) -> None:
+        """Checks of the options against the files they name (checkpoint folders), cheap enough
+        to run in the driver before any worker starts; raise ``ConfigError``. None by default."""
+
+    @classmethod
+    def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
+        """Checks of the options against an env split's description (``split`` names it in
+        messages); raise ``ConfigError``. None by default."""
+
+    @classmethod
+    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
+        """Whether these options sample token logits (and so read TOKEN_SAMPLING_KEYS)."""
+        return False
+
+    @classmethod
+    def unread_keys(cls, cfg: Mapping[str, Any]) -> dict[str, str]:
+        """Keys these options leave unread, with why (the config layer refuses them when set):
+        those of capabilities the policy lacks, and options of its own that only other choices
+        read (e.g. a head's options with another head)."""
+        kind = cfg["model_type"]
+        head = cfg.get("action_distribution") or cfg.get("action_head")
+        out: dict[str, str] = {}
+        if not cls.generates_text:
+            out |= dict.fromkeys(TEXT_GENERATION_KEYS, f"{kind} does not generate text (causal_lm does)")
+            out["actor.tokenizer"] = f"{kind} reads the tokenizer saved in its checkpoint"
+        if not cls.samples_tokens(cfg):
+            out |= dict.fromkeys(TOKEN_SAMPLING_KEYS, f"{kind}{f' with the {head} head' if head else ''} "
+                                                      "samples no token logits")
+        if not cls.reads_task_prompt:
+            out["runner.max_prompt_length"] = f"{kind} reads no task description prompt (openvla_oft does)"
+        if not cfg.get("is_lora"):
+            out["actor.model.lora_path"] = "a LoRA adapter needs actor.model.is_lora true"
+        return out
+
+    # ----------------------------------------------------------------- rollout
     @abstractmethod
     def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
         """Choose actions for a batch of observations (sampled, or greedy with ``do_sample=False``)."""
 
+    @property
+    def has_value_head(self) -> bool:
+        """Whether ``act`` and ``evaluate`` return values (PPO's critic)."""
+        return False
+
+    @torch.no_grad()
+    def values(self, obs: Mapping[str, Any]) -> Tensor | None:
+        """Values of a batch of observations, without choosing actions (the bootstrap of a
+        rollout's last observation); a policy with a separate critic overrides this."""
+        return self.act(obs, do_sample=False).values
+
+    # ---------------------------------------------------------------- training
     @abstractmethod
     def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
         """Log-probs, entropy and values of ``actions`` given stored ``forward_inputs``, with grad."""
@@ -100,9 +154,77 @@ class Policy(nn.Module, ABC):
     def forward(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
         return self.evaluate(forward_inputs, actions)
 
+    def shard_units(self) -> list[nn.Module]:
+        """Modules an FSDP actor shards one by one before the policy itself (a large model's
+        blocks); none by default: the whole policy is one unit."""
+        return []
+
+    def enable_gradient_checkpointing(self) -> list[nn.Module]:
+        """Recompute the activations of the policy's layers in the backward pass
+        (``actor.model.gradient_checkpointing``), applied before sharding; returns the modules
+        that recompute."""
+        raise ConfigError(f"actor.model.gradient_checkpointing: not supported by model_type {self.model_type}")
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The critic's parameters, which train with ``actor.optim.value_lr`` (none by default)."""
+        return []
+
+    def frozen_reference(self) -> contextlib.AbstractContextManager | None:
+        """A context in which this policy computes as the KL reference (a LoRA policy's frozen
+        base, adapters off), or None when all its weights train: the actor then keeps a frozen
+        copy of the initial policy."""
+        return None
+
+    # ----------------------------------------------------------------- weights
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    def trains_all_weights(self) -> bool:
+        return all(p.requires_grad for p in self.parameters())
+
+    def trainable_state_dict(self) -> dict[str, Tensor]:
+        """What changes in training, as full CPU tensors (module docstring): the weight sync to
+        the rollout copies. Gathers FSDP2 shards, so every rank must call it."""
+        if self.trains_all_weights():
+            return {k: full_tensor(v) for k, v in self.state_dict().items()}
+        return {k: full_tensor(p) for k, p in self.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def load_trainable_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Take a ``trainable_state_dict`` (same names and shapes, or an error naming them); after
+        ``release_weights`` of whole weights, the tensors are taken as they come."""
+        if self.trains_all_weights():
+            if self._home is None:
+                self.load_state_dict(state)
+                return
+            dtypes = {k: v.dtype for k, v in self.state_dict().items()}
+            self.load_state_dict({k: v.to(self._home, dtypes.get(k, v.dtype)) for k, v in state.items()}, assign=True)
+            self._home = None
+            return
+        params = {k: p for k, p in self.named_parameters() if p.requires_grad}
+        check_keys({k: tuple(p.shape) for k, p in params.items()},
+                   {k: tuple(v.shape) for k, v in state.items()}, "trainable state dict")
+        for name, p in params.items():
+            p.copy_(state[name])
+
+    def release_weights(self) -> None:
+        """Free the weights' memory while a rollout copy idles. Weights that a sync brings back
+        whole become meta tensors (shapes only) until ``load_trainable_state_dict``; a frozen
+        base, which no sync carries, moves to host memory until ``restore_weights``."""
+        if self._home is not None:
+            return
+        self._home = self.device
+        if self.trains_all_weights():
+            _to_meta(self)
+        else:
+            self.to("cpu")
+
+    def restore_weights(self) -> None:
+        """A released frozen base back onto its device (whole weights return with the next sync)."""
+        if self._home is not None and not self.trains_all_weights():
+            self.to(self._home)
+            self._home = None
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write the training state of the weights into folder ``path`` (here: the full state
@@ -121,10 +243,20 @@ class Policy(nn.Module, ABC):
             raise FileNotFoundError(f"{file} is missing (expected the weights of a training checkpoint)")
         return torch.load(file, map_location="cpu", weights_only=True)
 
+    def export_pretrained(self, path: str | Path) -> None:
+        """Write the policy as one pretrained checkpoint folder that ``model_path`` reads back
+        (``embodied-export``); only models with a published folder layout have one."""
+        raise ConfigError(f"actor.model.model_type={self.model_type!r} has no checkpoint-folder export")
 
-def split_value_parameters(policy: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """``(policy_params, value_params)``: the value head trains with its own ``optim.value_lr``."""
-    value, rest = [], []
-    for name, param in policy.named_parameters():
-        (value if VALUE_HEAD in name.split(".") else rest).append(param)
-    return rest, value
+
+@torch.no_grad()
+def _to_meta(model: nn.Module) -> None:
+    """Every tensor of ``model.state_dict()`` becomes a meta tensor (same shape and dtype, no
+    storage); ``load_state_dict(..., assign=True)`` restores them. Non-persistent buffers, which
+    no state dict carries, stay as they are."""
+    for name in model.state_dict():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        tensor = getattr(module, attr)
+        meta = tensor.to("meta")
+        setattr(module, attr, nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from core.errors import CheckpointError, ConfigError
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
 from policies.weights import DTYPES
 
@@ -41,9 +42,20 @@ class CausalLMPolicy(Policy):
     config_keys = ("model_path", "precision", "attn_implementation", "trust_remote_code", "low_cpu_mem_usage",
                    "tokenizer_model", "tokenizer_use_fast", "tokenizer_trust_remote_code", "eos_token_id",
                    "pad_token_id", "max_prompt_length", "is_lora", "lora_rank", "lora_path", "temperature",
-                   "top_k", "top_p", "repetition_penalty", "min_new_tokens", "gradient_checkpointing")
+                   "top_k", "top_p", "repetition_penalty", "min_new_tokens")
     refused_keys = {"add_value_head": "a value head, because causal_lm has none (GRPO needs no critic: "
                                       "algorithm.adv_type grpo)"}
+    generates_text = True
+
+    @classmethod
+    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
+        return True
+
+    @classmethod
+    def check_config(cls, cfg: Mapping[str, Any]) -> None:
+        path = cfg.get("model_path")
+        if path is None or not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"actor.model.model_path = {path!r}: expected a Hugging Face model folder (with config.json)")
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
@@ -72,8 +84,6 @@ class CausalLMPolicy(Policy):
         if limit is not None and prompt + self.max_new_tokens > limit:
             raise ValueError(f"runner.seq_length ({prompt + self.max_new_tokens}) exceeds the "
                              f"{limit} positions of the model in {path}")
-        if cfg["gradient_checkpointing"]:
-            model.gradient_checkpointing_enable({"use_reentrant": False})
         if cfg["is_lora"]:
             from policies.lora import apply_lora
 
@@ -82,10 +92,26 @@ class CausalLMPolicy(Policy):
         self.sampling = {k: cfg[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "min_new_tokens")}
         self.temperature = float(cfg["temperature"])
 
+    @property
+    def hf_model(self) -> torch.nn.Module:
+        """The Hugging Face model itself (inside the peft wrapper with LoRA)."""
+        from peft import PeftModel
+
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
     def shard_units(self) -> list[torch.nn.Module]:
         """FSDP2 shards the decoder layers one by one."""
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        return list(base.model.layers)
+        return list(self.hf_model.model.layers)
+
+    def enable_gradient_checkpointing(self) -> list[torch.nn.Module]:
+        self.hf_model.gradient_checkpointing_enable({"use_reentrant": False})
+        return list(self.hf_model.model.layers)
+
+    def frozen_reference(self):
+        """With LoRA the base model, adapters off; else None (the actor keeps a frozen copy)."""
+        from policies.lora import adapters_disabled
+
+        return None if self.trains_all_weights() else adapters_disabled(self)
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
@@ -156,7 +182,7 @@ class CausalLMPolicy(Policy):
         from safetensors.torch import load_file
 
         from policies.lora import ADAPTER_DIR, ADAPTER_WEIGHTS
-        from policies.weights import CheckpointError, check_keys
+        from policies.weights import check_keys
 
         path = Path(path)
         if not isinstance(self.model, PeftModel):

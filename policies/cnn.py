@@ -73,6 +73,9 @@ class CNNPolicy(SmallActorCritic):
             inputs["states"] = obs_tensor(obs, "states", (self.state_dim,), torch.float32, self.device)
         return inputs
 
+    def critic_features(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return self.features(inputs)
+
     def features(self, inputs: Mapping[str, Tensor]) -> Tensor:
         images = inputs["main_images"].permute(0, 3, 1, 2).float() / 255.0
         parts = [self.image_encoder(images)]

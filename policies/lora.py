@@ -1,10 +1,10 @@
-"""LoRA for RL fine-tuning of any policy (OpenVLA-OFT, causal LMs), and the small state dict
-that carries it from actor to rollout.
+"""LoRA for RL fine-tuning of any policy (OpenVLA-OFT, causal LMs).
 
 A policy names its target modules (a peft regex or list); everything else is shared: adapters
 are saved and read in peft's folder format, so an adapter folder (``lora_path``) written by peft
 or by another framework loads, strictly: any adapter tensor without a home is an error. The
-weight sync after an update sends only the adapters and the value head.
+frozen base makes the weight sync carry only what trains (``Policy.trainable_state_dict``: the
+adapters and the value head), and gives the KL reference (``adapters_disabled``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
@@ -57,31 +56,6 @@ def save_adapter(peft_model: PeftModel, path: str | Path) -> None:
     """Write the adapters in peft's format (gathers FSDP2 shards: every rank must call; rank 0 writes)."""
     state = {name: full_tensor(p) for name, p in peft_model.named_parameters() if ".lora_" in name}
     peft_model.save_pretrained(str(path), state_dict=state, is_main_process=is_writer())
-
-
-def adapter_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable parameters (LoRA adapters, value head, ...) as CPU tensors: the whole weight
-    sync to a rollout copy, whose base weights are frozen and never change.
-
-    Gathers FSDP2-sharded parameters, so every rank must call it.
-    """
-    state = {name: full_tensor(p) for name, p in policy.named_parameters() if p.requires_grad}
-    if not any(".lora_" in name for name in state):
-        raise ValueError("the policy has no LoRA adapters (actor.model.is_lora is false)")
-    return state
-
-
-@torch.no_grad()
-def load_adapter_state_dict(policy: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy an ``adapter_state_dict`` into ``policy`` (same names and shapes, or an error)."""
-    params = {name: p for name, p in policy.named_parameters() if p.requires_grad}
-    check_keys(
-        {k: tuple(p.shape) for k, p in params.items()},
-        {k: tuple(v.shape) for k, v in state.items()},
-        "adapter state dict",
-    )
-    for name, p in params.items():
-        p.copy_(state[name])
 
 
 @contextmanager

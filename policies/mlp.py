@@ -30,6 +30,9 @@ class MLPPolicy(SmallActorCritic):
     def preprocess(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
         return {"states": obs_tensor(obs, "states", (self.state_dim,), torch.float32, self.device)}
 
+    def critic_features(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return inputs["states"]
+
     def distribution_and_values(self, inputs: Mapping[str, Tensor]) -> tuple[Distribution, Tensor | None]:
         states = inputs["states"]
         dist = self.action_head(self.actor(states))

@@ -4,9 +4,9 @@ supervised warm start on an arithmetic prompt set: an ordinary Hugging Face chec
 
     python -m policies.tiny_lm OUT --data DIR [--steps 300] [--seed 0]
 
-``DIR`` holds ``train.jsonl`` / ``test.jsonl`` (``python -m envs.arithmetic DIR``). The warm
-start trains on prompt -> answer + EOS for ``--steps`` steps and prints the held-out greedy
-accuracy; it is short on purpose, so that RL has room to improve on it.
+``DIR`` holds ``train.jsonl`` (``python -m envs.arithmetic DIR``). The warm start trains on
+prompt -> answer + EOS for ``--steps`` steps; it is short on purpose, so that RL has room to
+improve on it (``python -m envs.arithmetic DIR --score OUT`` prints its held-out accuracy).
 """
 
 from __future__ import annotations
@@ -19,11 +19,6 @@ from pathlib import Path
 import torch
 
 PAD, EOS = "<pad>", "<eos>"
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, str]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def train_tokenizer(texts: list[str]):
@@ -66,25 +61,12 @@ def _batch(tokenizer, rows: list[dict[str, str]]) -> tuple[torch.Tensor, torch.T
     return ids, mask, labels
 
 
-@torch.no_grad()
-def greedy_accuracy(model, tokenizer, rows: list[dict[str, str]], max_new_tokens: int = 6) -> float:
-    """Held-out greedy accuracy, scored as in training (math-verify, envs.verifier rules)."""
-    from envs.verifier import CORRECT, score_one
-
-    model.eval()
-    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return sum(score_one(t, r["answer"]) == CORRECT for t, r in zip(texts, rows)) / len(rows)
-
-
 def warm_start(out: str | Path, data: str | Path, steps: int = 300, batch: int = 64, lr: float = 3e-3,
                seed: int = 0) -> dict[str, float]:
-    """Build tokenizer and model, train ``steps`` supervised steps, save to ``out``; returns
-    ``{"accuracy": held-out greedy accuracy, "seconds": training time}``."""
-    data = Path(data)
-    train, test = read_jsonl(data / "train.jsonl"), read_jsonl(data / "test.jsonl")
+    """Build tokenizer and model, train ``steps`` supervised steps on ``data/train.jsonl``, save
+    to ``out``; returns ``{"loss": the last step's, "seconds": training time}``."""
+    with open(Path(data) / "train.jsonl") as f:
+        train = [json.loads(line) for line in f if line.strip()]
     tokenizer = train_tokenizer([r["prompt"] + r["answer"] for r in train])
     model = build_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed=seed)
     generator = torch.Generator().manual_seed(seed)
@@ -99,11 +81,9 @@ def warm_start(out: str | Path, data: str | Path, steps: int = 300, batch: int =
         loss.backward()
         optimizer.step()
     seconds = time.monotonic() - tic
-    accuracy = greedy_accuracy(model, tokenizer, test)
-    out = Path(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return {"accuracy": accuracy, "seconds": seconds}
+    return {"loss": round(loss.item(), 4), "seconds": seconds}
 
 
 def main() -> None:

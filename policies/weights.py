@@ -7,12 +7,10 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from core.errors import CheckpointError
+
 MAX_LISTED = 20
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # config names of dtypes
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that does not match the model; the message names files and keys."""
 
 
 def listing(keys: Iterable[str]) -> str:

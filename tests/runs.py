@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from embodied.config import CONFIG_DIR
+from embodied.schema import CONFIG_DIR
 
 # PPO on PushCube, 2 envs, 10-step episodes: about a second per step once started.
 TINY = f"""\

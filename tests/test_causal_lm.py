@@ -83,13 +83,11 @@ def test_temperature_scales_the_logprobs(tiny_math):
 
 
 def test_lora_trains_adapters_only_and_disabled_adapters_give_the_base(tiny_math):
-    from policies.lora import adapter_state_dict, adapters_disabled
-
     base = CausalLMPolicy(_cfg(tiny_math["model"]))
     lora = CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True))
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n for n in trainable)
-    names = list(adapter_state_dict(lora))
+    names = list(lora.trainable_state_dict())
     assert all(any(f"{m}.lora_A" in n for n in names) for m in ("q_proj", "v_proj", "down_proj"))
     with torch.no_grad():
         for name, p in lora.named_parameters():
@@ -99,7 +97,7 @@ def test_lora_trains_adapters_only_and_disabled_adapters_give_the_base(tiny_math
     moved = lora.evaluate(out.forward_inputs, out.actions).logprobs
     reference = base.evaluate(out.forward_inputs, out.actions).logprobs
     assert (moved - reference).abs().max() > 1e-2
-    with adapters_disabled(lora), torch.no_grad():
+    with lora.frozen_reference(), torch.no_grad():
         assert (lora.evaluate(out.forward_inputs, out.actions).logprobs - reference).abs().max() < 1e-5
 
 

@@ -16,7 +16,8 @@ import pytest
 import ray
 import torch
 
-from embodied.channel import SHM_DIR, Channel, creator_prefix
+from core.shm import SHM_DIR, creator_prefix
+from embodied.channel import Channel
 from embodied.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from embodied import cli
 from conftest import stand_in_assets
-from embodied.config import CONFIG_DIR, ConfigError, compose
+from embodied.config import ConfigError, compose
+from embodied.schema import CONFIG_DIR
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
 

@@ -4,7 +4,6 @@ compute_policy_loss with clip-higher and dual clip, compute_grpo_outcome_advanta
 plus hand-computed values."""
 
 from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +11,8 @@ import torch
 from embodied.algorithms.advantages import grpo_advantages
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.losses import actor_critic_loss, aggregate_loss, ppo_policy_loss
-from embodied.workers.actor import ActorWorker
+from embodied.algorithms.trajectory import normalize
+from embodied.batch import Samples
 
 # ------------------------------------------------ veRL's definitions, transcribed for reference
 
@@ -142,7 +142,8 @@ def test_masked_tokens_do_not_count_in_any_term():
 
 def test_grpo_advantages_are_not_whitened_again_over_the_batch():
     adv = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.5, 0.5, -0.5, -0.5])
-    batch = {"advantages": adv.clone(), "mask": torch.ones(8, dtype=torch.bool)}
-    worker = SimpleNamespace(algo=SimpleNamespace(normalize_advantages=True, adv_type="grpo"))
-    ActorWorker._normalize(worker, batch)
-    assert torch.equal(batch["advantages"], adv)
+    batch = Samples(forward_inputs={}, actions=torch.zeros(8, 1, 1), old_logprobs=torch.zeros(8),
+                    advantages=adv.clone(), mask=torch.ones(8, dtype=torch.bool),
+                    token_mask=torch.ones(8, 1, 1, dtype=torch.bool))
+    normalize(batch, {"normalize_advantages": True, "adv_type": "grpo"}, all_reduce=None)
+    assert torch.equal(batch.advantages, adv)

@@ -18,7 +18,9 @@ from scipy.spatial.transform import Rotation
 
 from conftest import stand_in_assets
 from envs.libero import SUITE_MAX_STEPS, LiberoEnv, check_config
-from envs.vector_env import EnvSetupError, load_env_config, make_vector_env
+from embodied.config import load_env_config
+from envs import make_vector_env
+from envs.vector_env import EnvSetupError
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("LIBERO_TEST_DATA", ROOT.parent / "shared" / "libero"))

@@ -16,7 +16,9 @@ import torch
 
 from envs.maniskill import TASK_DESCRIPTIONS, ManiSkillEnv, check_params, ManiSkillVectorEnv
 from envs.subproc import SubprocVectorEnv
-from envs.vector_env import EnvSetupError, VectorEnv, load_env_config, make_vector_env
+from embodied.config import load_env_config
+from envs import make_vector_env
+from envs.vector_env import EnvSetupError, VectorEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 PUSH = ["init_params.control_mode=pd_ee_delta_pos"]
@@ -271,7 +273,7 @@ def test_unsupported_control_mode_names_the_supported_ones():
 
 def test_missing_vulkan_device_says_how_to_fix_it(tmp_path):
     script = ("from envs.maniskill import ManiSkillEnv, check_params\n"
-              "from envs.vector_env import load_env_config\n"
+              "from embodied.config import load_env_config\n"
               "p = check_params(load_env_config('maniskill_push_cube').init_params)\n"
               "ManiSkillEnv(p, 50)\n")
     env = {**os.environ, "VK_ICD_FILENAMES": str(tmp_path / "no_such_icd.json"), "PYTHONPATH": str(ROOT)}

@@ -63,7 +63,7 @@ def test_lora_with_kl_trains_and_its_adapter_checkpoint_evaluates_and_resumes(ti
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from policies.tiny_lm import greedy_accuracy, read_jsonl
+    from envs.arithmetic import greedy_accuracy, read_jsonl
 
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_math["model"]), adapter)
     tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])

@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from embodied.config import CONFIG_DIR, check_schema, register_resolvers
-from policies import POLICIES, build_policy
-from policies.base import reduce_logprobs
+from embodied.config import build_policy, register_resolvers
+from embodied.schema import CONFIG_DIR, check_schema
+from embodied.algorithms import reduce_logprobs
+from policies import POLICIES
 from policies.openvla_oft import OpenVLAOFTPolicy
 from policies.openvla_oft.policy import lora_targets
 from policies.openvla_oft.action_tokenizer import ActionTokenizer
@@ -29,7 +30,7 @@ from policies.openvla_oft.checkpoint import (
 )
 from policies.openvla_oft.config import ConfigError, vit_spec
 from policies.openvla_oft.decoding import ActionSampler, parallel_decode, sequential_decode
-from policies.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
+from policies.lora import apply_lora
 from policies.openvla_oft.model import PromptInputs, position_ids
 from policies.openvla_oft.normalization import (
     normalize_proprio,
@@ -498,7 +499,7 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:
         for unit in actor.shard_units():
             fully_shard(unit)
         fully_shard(actor)
-        before = adapter_state_dict(actor)
+        before = actor.trainable_state_dict()
         optimizer = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=1e-2)
         new = actor(out.forward_inputs, out.actions)
         advantages = torch.linspace(-1, 1, 4)
@@ -506,7 +507,7 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:
         loss = loss + (new.values - advantages).pow(2).mean() - 0.01 * new.entropy.mean()
         loss.backward()
         optimizer.step()
-        synced = adapter_state_dict(actor)  # collective: gathers the shards on every rank
+        synced = actor.trainable_state_dict()  # collective: gathers the shards on every rank
         with torch.no_grad():
             trained = actor(out.forward_inputs, out.actions)
         frozen_after = dict(actor.named_parameters())[frozen_name].full_tensor()
@@ -523,7 +524,7 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:
             torch.manual_seed(123)
             rollout = build_policy(cfg)
             stale = rollout(out.forward_inputs, out.actions)
-            load_adapter_state_dict(rollout, synced)
+            rollout.load_trainable_state_dict(synced)
             with torch.no_grad():
                 synced_out = rollout(out.forward_inputs, out.actions)
             result["stale_differs"] = not torch.allclose(stale.logprobs, trained.logprobs, atol=1e-4)
@@ -578,7 +579,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(ckpt):
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        policy = build_policy(tiny_cfg(ckpt, gradient_checkpointing=checkpointing))
+        policy = build_policy(tiny_cfg(ckpt))
+        if checkpointing:
+            policy.enable_gradient_checkpointing()
         policy.train()
         calls = []
         policy.core.language_model.model.layers[0].input_layernorm.register_forward_hook(lambda *_: calls.append(1))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from embodied.cli import load as load_config
 from embodied.config import ConfigError as EmbodiedConfigError
-from policies import build_policy
+from embodied.config import build_policy
 from policies.openvla_oft.checkpoint import CheckpointError, default_dtype, from_pretrained
 from policies.openvla_oft.config import VLAConfig
 from policies.openvla_oft.model import OpenVLAOFT

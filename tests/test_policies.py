@@ -9,8 +9,9 @@ import torch
 from omegaconf import OmegaConf
 
 from embodied.algorithms import actor_critic_loss, compute_gae, normalize_advantages
-from policies import POLICIES, build_policy
-from policies.base import reduce_logprobs, split_value_parameters
+from embodied.algorithms import reduce_logprobs
+from embodied.config import build_policy
+from policies import POLICIES
 
 STATE_DIM, IMAGE = 4, 16
 
@@ -124,12 +125,13 @@ def test_forward_inputs_own_their_memory():
 def test_value_parameters_are_the_critic():
     for model_type in ("mlp", "cnn"):
         policy = build_policy(make_cfg(model_type=model_type))
-        rest, value = split_value_parameters(policy)
+        value = policy.value_parameters()
+        rest = [p for p in policy.parameters() if all(p is not v for v in value)]
         assert sum(p.numel() for p in value) == sum(p.numel() for p in policy.value_head.parameters())
         assert len(rest) + len(value) == len(list(policy.parameters()))
     no_critic = build_policy(make_cfg(add_value_head=False))
     assert no_critic.act(make_obs(2)).values is None
-    assert split_value_parameters(no_critic)[1] == []
+    assert no_critic.value_parameters() == []
 
 
 @pytest.mark.parametrize(

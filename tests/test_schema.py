@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from embodied import refused, schema, validate
-from embodied.config import CONFIG_DIR, ConfigError, compose
+from embodied.config import ConfigError, compose
+from embodied.schema import CONFIG_DIR
 from embodied.schema import Rule, RuleError, parse_rule
 from policies import POLICIES
 
@@ -96,7 +97,7 @@ def test_every_declared_choice_is_implemented():
     from embodied.lr_schedule import learning_rate
     from embodied.training_options import build_optimizer
     from policies.action_heads import build_action_head
-    from policies.base import reduce_logprobs
+    from embodied.algorithms.levels import reduce_logprobs
     from policies.weights import DTYPES
 
     lp, ref = torch.randn(4, 2, 3), torch.randn(4, 2, 3)
@@ -266,3 +267,11 @@ def test_a_key_of_another_model_names_the_models_that_read_it():
 def test_task_type_picks_the_checks():
     with pytest.raises(ConfigError, match=r"^env.train.env_type = 'maniskill': expected text with runner.task_type=math"):
         validate.validate(compose("maniskill_ppo_mlp", ["runner.task_type=math"]))
+
+
+def test_registered_algorithms_are_the_declared_choices():
+    """Adding an estimator or a loss is its registration plus its name in config/base.yaml."""
+    from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
+
+    assert list(schema.choices("algorithm.adv_type")) == ADVANTAGES.names()
+    assert list(schema.choices("algorithm.loss_type")) == POLICY_LOSSES.names()

@@ -11,7 +11,7 @@ from envs.arithmetic import make_problems
 from envs.text import DataError, TextEnv, load_prompts, load_tokenizer, read_records
 from envs.vector_env import EnvSetupError
 from envs.verifier import CHUNK, CORRECT, TIMEOUT, UNPARSABLE, WRONG, Verifier, score_one
-from policies.tiny_lm import read_jsonl
+from envs.arithmetic import read_jsonl
 
 
 def test_split_is_disjoint_and_every_answer_verifies(tiny_math):

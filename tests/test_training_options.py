@@ -15,8 +15,7 @@ from embodied.config import ConfigError, compose
 from embodied.training_options import autocast, build_optimizer, fsdp_options
 from embodied import schema
 from embodied.refused import REFUSED, refusal, refuse_unsupported
-from policies import build_policy
-from policies.actor_critic import checkpoint_trunks
+from embodied.config import build_policy
 
 
 def optim_cfg(**changes):
@@ -87,7 +86,7 @@ def test_gradient_checkpointing_recomputes_the_trunks_and_keeps_the_gradients():
     plain = build_policy(cfg)
     checked = build_policy(cfg)
     checked.load_state_dict(plain.state_dict())
-    stacks = checkpoint_trunks(checked)
+    stacks = checked.enable_gradient_checkpointing()
     assert len(stacks) == 2  # the actor's and the critic's trunks
     calls = []
     for stack in stacks:

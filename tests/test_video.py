@@ -13,7 +13,8 @@ import imageio
 import numpy as np
 import pytest
 
-from envs.vector_env import RENDER_IMAGES, EnvSetupError
+from envs.protocol import RENDER_IMAGES
+from envs.vector_env import EnvSetupError
 from envs.video import VideoRecorder, tile_frames
 
 ROOT = Path(__file__).resolve().parent.parent

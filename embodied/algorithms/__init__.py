@@ -1,7 +1,11 @@
-"""RL math as small pure torch functions: advantages (GAE, GRPO), the PPO losses, KL
-estimators, and how chunked env signals line up with log-probs (``levels``)."""
+"""RL math as small pure torch functions: advantage estimators (``ADVANTAGES``: GAE, GRPO), policy
+losses (``POLICY_LOSSES``: PPO) and the value loss, KL estimators, and how chunked env signals
+line up with log-probs (``levels``). Nothing here imports a policy or the config schema."""
 
 from embodied.algorithms.advantages import (
+    ADVANTAGES,
+    Estimate,
+    StepSignals,
     compute_gae,
     episode_returns,
     first_episode_mask,
@@ -15,10 +19,12 @@ from embodied.algorithms.levels import (
     chunks_to_steps,
     expand_like,
     final_values_to_steps,
+    reduce_logprobs,
     steps_to_chunks,
     values_to_steps,
 )
 from embodied.algorithms.losses import (
+    POLICY_LOSSES,
     actor_critic_loss,
     aggregate_loss,
     loss_hyperparameters,
@@ -27,6 +33,10 @@ from embodied.algorithms.losses import (
 )
 
 __all__ = [
+    "ADVANTAGES",
+    "POLICY_LOSSES",
+    "Estimate",
+    "StepSignals",
     "actor_critic_loss",
     "aggregate_loss",
     "check_levels",
@@ -42,6 +52,7 @@ __all__ = [
     "nonuniform_group_mask",
     "normalize_advantages",
     "ppo_policy_loss",
+    "reduce_logprobs",
     "steps_to_chunks",
     "value_loss",
     "values_to_steps",

@@ -4,12 +4,72 @@ Conventions shared by every function here (see ``levels.py`` for how env chunks 
 ``rewards[t]`` is the reward of the action taken at step ``t``; ``terminations[t]`` /
 ``truncations[t]`` say the episode ended with that action (a terminated episode has no future,
 a truncated one was cut by a time limit and still has one, so it bootstraps from a value).
+
+Estimators register themselves by ``algorithm.adv_type`` (``ADVANTAGES``) with what they need
+declared beside them, which validation and the actor read: a new one is a decorated function of
+``(StepSignals, algorithm options) -> Estimate`` here, plus its name in config/base.yaml's choices.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
+
+from core.registry import Registry
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("algorithm.group_size", "algorithm.gamma", "algorithm.gae_lambda",
+               "algorithm.norm_adv_by_std_in_grpo", "algorithm.filter_rewards")
+
+ADVANTAGES = Registry(
+    "advantage estimator", "algorithm.adv_type",
+    needs_value_head=False,  # reads the critic's values: the policy needs actor.model.add_value_head
+    needs_groups=False,  # compares envs of a group that share a reset state (algorithm.group_size >= 2)
+    normalize=False,  # algorithm.normalize_advantages whitens them over the batch (not when already normalized)
+)
+
+
+@dataclass
+class StepSignals:
+    """What an estimator reads: one trajectory's env signals at the reward level, ``[T, B]``."""
+
+    rewards: Tensor
+    terminations: Tensor  # bool
+    truncations: Tensor  # bool
+    values: Tensor | None = None  # [T + 1, B] with a critic
+    final_values: Tensor | None = None  # [T, B] value of the observation an episode ended on
+
+
+@dataclass
+class Estimate:
+    advantages: Tensor  # [T, B]
+    mask: Tensor  # [T, B] bool: the steps that train
+    returns: Tensor | None = None  # [T, B] value targets, for estimators that use the critic
+
+
+@ADVANTAGES.register("gae", needs_value_head=True, normalize=True)
+def gae(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
+    """PPO's generalized advantage estimation (``compute_gae``); every step trains."""
+    advantages, returns = compute_gae(steps.rewards, steps.values, steps.terminations, steps.truncations,
+                                      algo["gamma"], algo["gae_lambda"], steps.final_values)
+    return Estimate(advantages, torch.ones_like(advantages, dtype=torch.bool), returns)
+
+
+@ADVANTAGES.register("grpo", needs_groups=True)
+def grpo(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
+    """Each env's first-episode return, normalized within its group (``grpo_advantages``), on
+    every step of that episode; with ``filter_rewards`` groups that all scored the same drop out."""
+    dones = steps.terminations | steps.truncations
+    mask = first_episode_mask(dones)
+    scores = episode_returns(steps.rewards, dones)
+    if algo["filter_rewards"]:
+        mask = mask & nonuniform_group_mask(scores, algo["group_size"])
+    advantages = grpo_advantages(scores, algo["group_size"], normalize_std=algo["norm_adv_by_std_in_grpo"])
+    return Estimate(advantages.expand_as(steps.rewards) * mask, mask)
 
 
 def compute_gae(
@@ -102,16 +162,20 @@ def nonuniform_group_mask(scores: Tensor, group_size: int) -> Tensor:
     return spread.repeat_interleave(group_size)
 
 
-def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, *, correction: int = 1,
+                         all_reduce: Callable[[Tensor], Any] | None = None, eps: float = 1e-8) -> Tensor:
     """Zero-mean, unit-std advantages over the valid entries (masked entries become 0).
 
-    Uses the unbiased std, as CleanRL's PPO does.
+    The std takes ``correction`` (1: unbiased, as CleanRL's PPO; 0: the population's). With
+    ``all_reduce`` (an in-place sum over data-parallel ranks) the moments are those of the global
+    batch, so every rank whitens alike.
     """
-    if mask is None:
-        return (advantages - advantages.mean()) / (advantages.std() + eps)
-    mask = mask.bool()
-    valid = advantages[mask]
-    if valid.numel() < 2:
-        return torch.zeros_like(advantages)
-    normalized = (advantages - valid.mean()) / (valid.std() + eps)
-    return torch.where(mask, normalized, torch.zeros_like(normalized))
+    weights = torch.ones_like(advantages) if mask is None else mask.to(advantages.dtype)
+    stats = torch.stack([(advantages * weights).sum(), (advantages * advantages * weights).sum(),
+                         weights.sum()]).double()
+    if all_reduce is not None:
+        all_reduce(stats)
+    total, total_sq, n = stats.tolist()
+    mean = total / max(n, 1)
+    variance = max(total_sq / max(n, 1) - mean * mean, 0.0) * (n / max(n - correction, 1))
+    return (advantages - mean) / (variance ** 0.5 + eps) * weights

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from embodied.schema import unknown_choice
+from core.errors import expected
 
 # k3 grows like exp(-log_ratio): one token far off the reference would swamp the mean.
 _LOW_VAR_KL_MAX = 10.0
@@ -32,4 +32,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kl_penalty_type: str) -> 
         return 0.5 * log_ratio.square()
     if kl_penalty_type == "low_var_kl":
         return (torch.exp(-log_ratio) + log_ratio - 1.0).clamp(max=_LOW_VAR_KL_MAX)
-    raise unknown_choice("algorithm.kl_penalty_type", kl_penalty_type)
+    raise expected("algorithm.kl_penalty_type", kl_penalty_type, f"one of {list(KL_ESTIMATORS)}")
+
+
+KL_ESTIMATORS = ("kl", "low_var_kl", "abs", "mse")

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embodied.schema import choices, unknown_choice
+from core.errors import expected
+
+REWARD_LEVELS = ("chunk_level", "action_level")
+LOGPROB_LEVELS = ("token_level", "action_level", "chunk_level")
 
 
 def check_levels(reward_type: str, logprob_type: str) -> None:
     """Fail early on unknown or incompatible ``algorithm.reward_type`` / ``logprob_type``."""
-    for key, value in (("algorithm.reward_type", reward_type), ("algorithm.logprob_type", logprob_type)):
-        if value not in choices(key):
-            raise unknown_choice(key, value)
+    for key, value, allowed in (("algorithm.reward_type", reward_type, REWARD_LEVELS),
+                                ("algorithm.logprob_type", logprob_type, LOGPROB_LEVELS)):
+        if value not in allowed:
+            raise expected(key, value, f"one of {list(allowed)}")
     if reward_type == "action_level" and logprob_type == "chunk_level":
         raise ValueError(
             "algorithm.logprob_type chunk_level needs algorithm.reward_type chunk_level "
@@ -47,7 +51,7 @@ def chunks_to_steps(x: Tensor, reward_type: str, reduce: str = "sum") -> Tensor:
     if reward_type == "action_level":
         steps, batch, chunk = x.shape[:3]
         return x.transpose(1, 2).reshape(steps * chunk, batch, *x.shape[3:])
-    raise unknown_choice("algorithm.reward_type", reward_type)
+    raise expected("algorithm.reward_type", reward_type, f"one of {list(REWARD_LEVELS)}")
 
 
 def values_to_steps(values: Tensor, reward_type: str) -> Tensor:
@@ -80,6 +84,20 @@ def steps_to_chunks(x: Tensor, num_action_chunks: int, reward_type: str) -> Tens
         return x
     total, batch = x.shape
     return x.reshape(total // num_action_chunks, num_action_chunks, batch).transpose(1, 2)
+
+
+def reduce_logprobs(logprobs: Tensor, level: str) -> Tensor:
+    """Per-token ``[B, C, action_dim]`` -> ``token_level`` (unchanged), ``action_level``
+    (``[B, C]``, joint over an action's dims) or ``chunk_level`` (``[B]``, joint over the chunk).
+    Tokens are sampled independently given the observation, so joint log-probs are sums (the
+    same for entropies, at ``algorithm.entropy_type``)."""
+    if level == "token_level":
+        return logprobs
+    if level == "action_level":
+        return logprobs.sum(dim=-1)
+    if level == "chunk_level":
+        return logprobs.sum(dim=(-2, -1))
+    raise expected("algorithm.logprob_type", level, f"one of {list(LOGPROB_LEVELS)}")
 
 
 def expand_like(x: Tensor, target: Tensor) -> Tensor:

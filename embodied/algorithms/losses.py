@@ -1,6 +1,11 @@
 """PPO / GRPO losses: clipped policy loss (with dual clip), clipped value loss, entropy bonus,
 KL penalty, and the masked aggregation that turns per-token losses into one number.
 
+Policy losses register themselves by ``algorithm.loss_type`` (``POLICY_LOSSES``): a new one is a
+function of ``(logprobs, old_logprobs, advantages, mask, *, clip_ratio_low, clip_ratio_high,
+clip_ratio_c, loss_agg_func)`` returning ``(loss, metrics)``, decorated here, plus its name in
+config/base.yaml's choice list.
+
 Shapes: dim 0 indexes samples ("sequences": one chunk step of one env, or one text response);
 any further dims are that sample's tokens. Masks are bool/0-1 tensors of the loss's shape and
 drop padding or the stale steps after an episode ended. Metrics are detached 0-dim tensors.
@@ -8,20 +13,24 @@ drop padding or the stale steps after an episode ended. Metrics are detached 0-d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from core.errors import expected
+from core.registry import Registry
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.levels import expand_like
-from embodied.schema import choices, unknown_choice
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high",
                "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.value_loss_coef",
                "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio")
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSSES = Registry("policy loss", "algorithm.loss_type")
 
 # bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
 MAX_LOG_RATIO = 20.0
@@ -42,8 +51,8 @@ def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Ten
     Samples without a valid token are left out of the sample mean; an all-masked batch gives 0
     (still attached to the graph, so distributed backward passes stay in step).
     """
-    if loss_agg_func not in choices("algorithm.loss_agg_func"):
-        raise unknown_choice("algorithm.loss_agg_func", loss_agg_func)
+    if loss_agg_func not in AGGREGATIONS:
+        raise expected("algorithm.loss_agg_func", loss_agg_func, f"one of {list(AGGREGATIONS)}")
     mask = torch.ones_like(loss) if mask is None else mask.to(loss.dtype)
     if loss_agg_func == "token-mean":
         return (loss * mask).sum() / mask.sum().clamp(min=1.0)
@@ -61,6 +70,7 @@ def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     return aggregate_loss(x, mask, "token-mean")
 
 
+@POLICY_LOSSES.register("ppo")
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -160,9 +170,11 @@ def actor_critic_loss(
     kl_beta: float,
     kl_penalty_type: str,
     early_stop_imp_ratio: float | None,
+    policy_loss: Callable[..., tuple[Tensor, dict[str, Tensor]]] = ppo_policy_loss,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch:
-    ``policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy + kl_beta * kl``.
+    ``policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy + kl_beta * kl``,
+    the policy loss being one of ``POLICY_LOSSES`` (``algorithm.loss_type``).
 
     ``logprobs`` / ``old_logprobs`` / ``entropy`` / ``ref_logprobs`` are at the log-prob level
     (``[N]``, ``[N, C]`` or ``[N, C, action_dim]``); ``advantages``, ``mask``, ``values``,
@@ -178,7 +190,7 @@ def actor_critic_loss(
     backward and gradient all-reduce) and ``actor/early_stopped`` reports 1.
     """
     loss_mask = _loss_mask(mask, token_mask, logprobs)
-    loss, metrics = ppo_policy_loss(
+    loss, metrics = policy_loss(
         logprobs,
         old_logprobs,
         expand_like(advantages, logprobs),

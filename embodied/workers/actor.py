@@ -3,8 +3,8 @@ trajectories the rollout workers send through the replay channel.
 
 With ``rollout.recompute_logprobs`` the old log-probs of the ratio are recomputed here, by the
 weights that generated the rollout (the actor's, synced before it), instead of taken from the
-rollout engine. The KL reference (``algorithm.kl_beta > 0``) is a frozen copy of the initial
-policy, or with LoRA the same model with its adapters disabled."""
+rollout engine. The KL reference (``algorithm.kl_beta > 0``) is the policy's own frozen
+reference (a LoRA policy's base, adapters off) or else a frozen copy of the initial policy."""
 
 from __future__ import annotations
 
@@ -12,39 +12,35 @@ import copy
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 
-from embodied.algorithms import actor_critic_loss, loss_hyperparameters
-from embodied.algorithms.trajectory import training_samples, tree_cat, tree_map
+from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs
+from embodied.algorithms.trajectory import normalize, training_samples
+from embodied.batch import Samples, Trajectory
 from embodied.channel import Channel
-from embodied.config import training_steps
+from embodied.channel.keys import replay_key
+from embodied.config import build_policy, training_steps
 from embodied.lr_schedule import learning_rate
 from embodied.training_options import autocast, build_optimizer, fsdp_options, grad_scaler
 from embodied.worker import Worker
-from policies import build_policy
-from policies.actor_critic import SmallActorCritic, checkpoint_trunks
-from policies.base import reduce_logprobs, split_value_parameters
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("algorithm.kl_beta", "algorithm.normalize_advantages", "algorithm.entropy_bonus",
+CONFIG_KEYS = ("algorithm.loss_type", "algorithm.kl_beta", "algorithm.entropy_bonus",
                "algorithm.calculate_entropy", "algorithm.use_kl_in_reward", "algorithm.target_kl",
                "algorithm.logprob_type", "algorithm.entropy_type", "algorithm.update_epochs",
                "algorithm.logprob_forward_micro_batch_size", "rollout.recompute_logprobs",
-               "actor.channel.queue_name", "actor.micro_batch_size", "actor.global_batch_size",
-               "actor.seed", "actor.optim.lr", "actor.optim.value_lr", "actor.optim.clip_grad",
-               "actor.optim.max_skipped_updates", "actor.model.is_lora",
+               "actor.micro_batch_size", "actor.global_batch_size", "actor.seed", "actor.optim.lr",
+               "actor.optim.value_lr", "actor.optim.clip_grad", "actor.optim.max_skipped_updates",
                "actor.model.gradient_checkpointing")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -58,19 +54,22 @@ class ActorWorker(Worker):
         dist.init_process_group("nccl" if self.accelerator == "gpu" else "gloo")
         torch.manual_seed(cfg.actor.seed)  # identical initial weights on every rank
         policy = build_policy(cfg.actor.model).to(self.torch_device)
-        self.reference = None
-        if self.algo.kl_beta > 0 and not cfg.actor.model.is_lora:
+        self.reference = None  # a frozen copy, when the policy has no reference of its own
+        if self.algo.kl_beta > 0 and policy.frozen_reference() is None:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
-        if cfg.actor.model.gradient_checkpointing and isinstance(policy, SmallActorCritic):
-            checkpoint_trunks(policy)  # (OpenVLA-OFT checkpoints its own layers)
+        if cfg.actor.model.gradient_checkpointing:
+            policy.enable_gradient_checkpointing()
         shard = fsdp_options(cfg.actor.fsdp_config)
-        for unit in getattr(policy, "shard_units", list)():  # large models shard block by block
+        for unit in policy.shard_units():  # large models shard block by block
             fully_shard(unit, **shard)
         self.policy = fully_shard(policy, **shard)
         self.autocast = autocast(cfg.actor.fsdp_config, self.torch_device)
         self.scaler = grad_scaler(cfg.actor.fsdp_config, self.torch_device)
+        self.policy_loss = POLICY_LOSSES.get(self.algo.loss_type)
         optim = cfg.actor.optim
-        rest, value = split_value_parameters(self.policy)
+        value = self.policy.value_parameters()
+        critic = {id(p) for p in value}
+        rest = [p for p in self.policy.parameters() if id(p) not in critic]
         groups = [{"params": rest, "lr": optim.lr}]
         self.lr_ratios = [1.0]  # each group's rate relative to the scheduled one
         if value:
@@ -86,15 +85,14 @@ class ActorWorker(Worker):
         """Take this rank's ``num_pieces`` trajectory pieces from the replay channel, compute
         advantages, run ``update_epochs`` passes of minibatch updates; returns metrics averaged
         over ranks."""
-        queue = f"{self.cfg.actor.channel.queue_name}/{self.rank}"
+        queue = replay_key(self.cfg, self.rank)
         pieces = [self.channel.get(queue) for _ in range(num_pieces)]
         # pieces of several rollout ranks arrive in any order: a stable sort by source fixes the
         # batch's order (each source's rollout epochs arrive, and stay, in order)
         pieces.sort(key=lambda piece: piece["source"])
-        samples = [self._samples(piece["trajectory"]) for piece in pieces]
-        batch = tree_cat(samples, dim=0)
-        self._normalize(batch)
-        count = batch["advantages"].shape[0]
+        batch = Samples.cat([self._samples(piece["trajectory"]) for piece in pieces], dim=0)
+        batch = normalize(batch, self.algo, dist.all_reduce)
+        count = batch.advantages.shape[0]
         per_rank = self.cfg.actor.global_batch_size // self.world_size
         micro = self.cfg.actor.micro_batch_size
         seed = self.cfg.actor.seed + step * 1000 + self.rank
@@ -126,14 +124,14 @@ class ActorWorker(Worker):
         metrics["actor/update_fraction"] = updates / max(planned, 1)
         return _mean_over_ranks(metrics)
 
-    def _minibatch(self, batch: dict[str, Any], index: torch.Tensor, micro: int) -> dict[str, float]:
+    def _minibatch(self, batch: Samples, index: torch.Tensor, micro: int) -> dict[str, float]:
         """One optimizer step, accumulating gradients over micro-batches (synced on the last)."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = list(index.split(micro))
         sums: dict[str, float] = defaultdict(float)
         for i, part in enumerate(parts):
             self.policy.set_requires_gradient_sync(i == len(parts) - 1)
-            loss, metrics = self._loss(tree_map(lambda x: x[part], batch))
+            loss, metrics = self._loss(batch.map(lambda x: x[part]))
             loss = loss / len(parts)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             for key, value in metrics.items():
@@ -164,29 +162,27 @@ class ActorWorker(Worker):
         dist.all_reduce(kl)
         return kl.item() / self.world_size > self.algo.target_kl
 
-    def _samples(self, traj: dict[str, Any]) -> dict[str, Any]:
-        # channel payloads are numpy views of shared memory: copy into tensors the actor owns
-        traj = tree_map(lambda x: torch.as_tensor(x).to(self.torch_device, copy=True), traj)
+    def _samples(self, traj: Trajectory) -> Samples:
+        # channel payloads are views of shared memory: copy into tensors the actor owns
+        traj = traj.map(lambda x: torch.as_tensor(x).to(self.torch_device, copy=True))
         if self.cfg.rollout.recompute_logprobs:
-            traj["logprobs"] = self._logprobs(self.policy, traj)
+            traj.logprobs = self._logprobs(self.policy, traj)
         ref = None
         if self.algo.kl_beta > 0:
             if self.reference is not None:
                 ref = self._logprobs(self.reference, traj)
             else:
-                from policies.lora import adapters_disabled
-
-                with adapters_disabled(self.policy):
+                with self.policy.frozen_reference():
                     ref = self._logprobs(self.policy, traj)
         return training_samples(traj, self.algo, ref)
 
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, traj: dict[str, Any]) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, traj: Trajectory) -> torch.Tensor:
         """Per-token log-probs of the trajectory's actions under ``model``, in forward passes of
         ``algorithm.logprob_forward_micro_batch_size`` samples."""
-        steps, envs = traj["actions"].shape[:2]
-        flat = {k: v.flatten(0, 1) for k, v in traj["forward_inputs"].items()}
-        actions = traj["actions"].flatten(0, 1)
+        steps, envs = traj.actions.shape[:2]
+        flat = {k: v.flatten(0, 1) for k, v in traj.forward_inputs.items()}
+        actions = traj.actions.flatten(0, 1)
         size = self.algo.logprob_forward_micro_batch_size
         model.eval()
         parts = [model({k: v[i:i + size] for k, v in flat.items()}, actions[i:i + size]).logprobs
@@ -194,43 +190,24 @@ class ActorWorker(Worker):
         logprobs = torch.cat(parts)
         return logprobs.reshape(steps, envs, *logprobs.shape[1:])
 
-    def _normalize(self, batch: dict[str, Any]) -> None:
-        """GAE advantage normalization over the whole global batch (all ranks), valid samples
-        only. GRPO's advantages are already normalized within their groups: whitening them
-        again over the batch would rescale every group by the batch's spread."""
-        if not self.algo.normalize_advantages or self.algo.adv_type == "grpo":
-            return
-        adv, mask = batch["advantages"], batch["mask"].float()
-        stats = torch.stack([(adv * mask).sum(), (adv * adv * mask).sum(), mask.sum()]).double()
-        dist.all_reduce(stats)
-        total, total_sq, n = stats.tolist()
-        mean = total / max(n, 1)
-        std = max(total_sq / max(n, 1) - mean * mean, 0.0) ** 0.5
-        batch["advantages"] = (adv - mean) / (std + 1e-8) * mask
-
-    def _loss(self, mb: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, mb: Samples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.autocast():
-            out = self.policy(mb["forward_inputs"], mb["actions"])
+            out = self.policy(mb.forward_inputs, mb.actions)
         level = self.algo.logprob_type
         entropy = None
         if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
             entropy = reduce_logprobs(out.entropy.float(), self.algo.entropy_type)
         return actor_critic_loss(
-            logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb["old_logprobs"],
-            advantages=mb["advantages"], mask=mb["mask"], token_mask=mb["token_mask"], entropy=entropy,
-            values=out.values.float() if "returns" in mb else None, old_values=mb.get("old_values"),
-            returns=mb.get("returns"), ref_logprobs=mb.get("ref_logprobs"), **self.loss_args,
+            logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb.old_logprobs,
+            advantages=mb.advantages, mask=mb.mask, token_mask=mb.token_mask, entropy=entropy,
+            values=out.values.float() if mb.returns is not None else None, old_values=mb.old_values,
+            returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss, **self.loss_args,
         )
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:
-        """Unsharded weights on rank 0 for the rollout workers (None on other ranks): only the
-        LoRA adapters and value head when training LoRA, else the whole model."""
-        if self.cfg.actor.model.is_lora:
-            from policies.lora import adapter_state_dict
-
-            state = adapter_state_dict(self.policy)
-        else:
-            state = get_model_state_dict(self.policy, options=FULL)
+        """Unsharded weights on rank 0 for the rollout workers (None on other ranks): what
+        trains (``Policy.trainable_state_dict``: with LoRA only the adapters and value head)."""
+        state = self.policy.trainable_state_dict()
         return state if self.rank == 0 else None
 
     def offload(self) -> None:

@@ -15,28 +15,21 @@ import numpy as np
 from omegaconf import DictConfig
 
 from embodied.channel import Channel
+from embodied.channel.keys import action_key, obs_key
 from embodied.worker import Worker
+from envs import make_vector_env
 from envs.episode_stats import EpisodeStats
-from envs.vector_env import make_vector_env
+from envs.protocol import Env
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("env.channel.queue_name", "env.non_finite", "rollout.channel.queue_name",
-               "rollout.pipeline_stage_num")
-
-
-def obs_key(cfg: DictConfig, split: str, env_rank: int, stage: int) -> str:
-    return f"{cfg.env.channel.queue_name}/{split}/{env_rank}/{stage}"
-
-
-def action_key(cfg: DictConfig, split: str, env_rank: int, stage: int) -> str:
-    return f"{cfg.rollout.channel.queue_name}/{split}/{env_rank}/{stage}"
+CONFIG_KEYS = ("env.non_finite", "rollout.pipeline_stage_num")
 
 
 class EnvWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel):
         self.cfg, self.channel = cfg, channel
         self.stages = cfg.rollout.pipeline_stage_num
-        self.envs: dict[str, list[Any]] = {}
+        self.envs: dict[str, list[Env]] = {}
         self.last_obs: dict[str, list[dict[str, Any]]] = {}
         # episode numbering of the splits whose simulators are not built (yet, or since offload)
         self.next_episodes: dict[str, np.ndarray] = {}
@@ -44,7 +37,7 @@ class EnvWorker(Worker):
         self.masked: dict[str, int] = {}  # non-finite values set to 0 per split (env.non_finite: mask)
         self._build("train")  # fail at launch, not at the first step, on a bad env config
 
-    def _build(self, split: str) -> list[Any]:
+    def _build(self, split: str) -> list[Env]:
         if split not in self.envs:
             env_cfg = self.cfg.env[split]
             per_worker = env_cfg.total_num_envs // self.world_size
@@ -99,9 +92,8 @@ class EnvWorker(Worker):
                     message["done"] = infos["done"]
                 self.channel.put(obs_key(self.cfg, split, self.rank, stage), message)
         self.last_obs[split] = obs
-        if self.cfg.env[split].video_cfg.save_video:
-            for env in envs:  # one finished file per call: workers are killed, not closed, at the end
-                env.flush()
+        for env in envs:  # one finished video file per call: workers are killed, not closed, at the end
+            env.flush()
         episodes = stats.num_episodes
         metrics = stats.pop(prefix=f"{split}/")
         metrics[f"{split}/env_steps"] = float(env_steps)
@@ -112,7 +104,7 @@ class EnvWorker(Worker):
 
     def pop_samples(self, split: str) -> list[dict[str, Any]]:
         """Examples of the last ``interact`` (text envs: prompt, response, answer, reward)."""
-        return [s for env in self.envs.get(split, []) if hasattr(env, "pop_samples") for s in env.pop_samples()]
+        return [s for env in self.envs.get(split, []) for s in env.pop_samples()]
 
     def _check_finite(self, split: str, step: int, stage: int, obs: dict[str, Any],
                       rewards: np.ndarray | None) -> None:
@@ -172,16 +164,16 @@ class EnvWorker(Worker):
         self.last_obs.clear()
 
 
-def _env_metrics(envs: list[Any], split: str, episodes: int) -> dict[str, float]:
+def _env_metrics(envs: list[Env], split: str, episodes: int) -> dict[str, float]:
     """An env's own counters (``pop_metrics``, e.g. the text env's unparsable responses), as
     fractions of this call's episodes; ``prompts_filtered`` stays a count."""
     totals: dict[str, float] = {}
     for env in envs:
-        for key, value in (env.pop_metrics() if hasattr(env, "pop_metrics") else {}).items():
+        for key, value in env.pop_metrics().items():
             totals[key] = value if key == "prompts_filtered" else totals.get(key, 0.0) + value
     return {f"{split}/{k}": v if k == "prompts_filtered" else v / max(episodes, 1) for k, v in totals.items()}
 
 
-def _next_episodes(envs: list[Any]) -> np.ndarray:
+def _next_episodes(envs: list[Env]) -> np.ndarray:
     """The episode number each env of a split's stages starts next, stage after stage."""
     return np.concatenate([env.next_episodes() for env in envs])

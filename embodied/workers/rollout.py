@@ -10,14 +10,14 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from embodied.algorithms.trajectory import tree_cat, tree_map
+from embodied.batch import Trajectory
 from embodied.channel import Channel
+from embodied.channel.keys import action_key, obs_key, replay_key
+from embodied.config import build_policy
 from embodied.worker import Worker
-from embodied.workers.env import action_key, obs_key
-from policies import build_policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("actor.model.do_sample", "actor.model.add_value_head", "actor.model.is_lora")
+CONFIG_KEYS = ("actor.model.do_sample",)
 
 
 def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> list[tuple[int, int, int, int]]:
@@ -33,20 +33,6 @@ def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> li
     return pieces
 
 
-@torch.no_grad()
-def _release_weights(model: torch.nn.Module) -> None:
-    """Every tensor of ``model.state_dict()`` becomes a meta tensor (same shape and dtype, no
-    storage); ``load_state_dict(..., assign=True)`` restores them. Non-persistent buffers, which
-    no state dict carries, stay as they are."""
-    for name in model.state_dict():
-        owner, _, attr = name.rpartition(".")
-        module = model.get_submodule(owner)
-        tensor = getattr(module, attr)
-        meta = tensor.to("meta")
-        setattr(module, attr, torch.nn.Parameter(meta, tensor.requires_grad)
-                if isinstance(tensor, torch.nn.Parameter) else meta)
-
-
 class RolloutWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel, env_world_size: int, actor_world_size: int):
         self.cfg, self.channel = cfg, channel
@@ -55,48 +41,26 @@ class RolloutWorker(Worker):
         if self.accelerator == "cpu":
             torch.set_num_threads(1)
         self.policy = build_policy(cfg.actor.model).to(self.device).eval()
-        self.offloaded = False
         stages = cfg.rollout.pipeline_stage_num
         # (env rank, stage) streams this rank serves, in a fixed order
         self.streams = [(e, s) for e in range(env_world_size) if e % self.world_size == self.rank
                         for s in range(stages)]
 
     def set_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        if self.cfg.actor.model.is_lora:
-            from policies.lora import load_adapter_state_dict
-
-            load_adapter_state_dict(self.policy, state_dict)
-        elif self.offloaded:  # the weights' memory was released: take the new tensors as they are
-            dtypes = {k: v.dtype for k, v in self.policy.state_dict().items()}
-            self.policy.load_state_dict({k: v.to(self.device, dtypes.get(k, v.dtype))
-                                         for k, v in state_dict.items()}, assign=True)
-            self.offloaded = False
-        else:
-            self.policy.load_state_dict(state_dict)
+        self.policy.load_trainable_state_dict(state_dict)
 
     def load_checkpoint(self, folder: str) -> None:
         """Weights of a training checkpoint's ``actor`` folder, in the policy's own layout."""
         self.set_weights(self.policy.read_checkpoint(folder))
 
     def offload(self) -> None:
-        """Free the policy's memory between phases. The next ``set_weights`` brings full weights
-        back, so their memory is released outright (meta tensors: shapes only); with LoRA only
-        the adapters come back, so the model moves to host memory until ``reload``."""
-        if self.offloaded:
-            return
-        if self.cfg.actor.model.is_lora:
-            self.policy.to("cpu")
-        else:
-            _release_weights(self.policy)
+        """Free the policy's memory between phases (``Policy.release_weights``)."""
+        self.policy.release_weights()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.offloaded = True
 
     def reload(self) -> None:
-        """LoRA: the model back onto the device. Full weights return with ``set_weights``."""
-        if self.offloaded and self.cfg.actor.model.is_lora:
-            self.policy.to(self.device)
-            self.offloaded = False
+        self.policy.restore_weights()
 
     @torch.no_grad()
     def generate(self, split: str, num_chunk_steps: int, seed: int) -> None:
@@ -114,8 +78,8 @@ class RolloutWorker(Worker):
                 if t > 0 and train:
                     self._record_env(record, message)
                 if t == num_chunk_steps:
-                    if train and self.policy_has_values:
-                        record["values"].append(self.policy.act(message["obs"], do_sample=False).values)
+                    if train and self.policy.has_value_head:
+                        record["values"].append(self.policy.values(message["obs"]))
                     continue
                 out = self.policy.act(message["obs"], do_sample=do_sample)
                 self.channel.put(action_key(self.cfg, split, *stream), out.actions.cpu().numpy())
@@ -128,22 +92,18 @@ class RolloutWorker(Worker):
                     if out.values is not None:
                         record["values"].append(out.values)
         if train:
-            self._send([self._trajectory(records[s]) for s in self.streams])
-
-    @property
-    def policy_has_values(self) -> bool:
-        return bool(self.cfg.actor.model.add_value_head)
+            self._send(Trajectory.cat([self._trajectory(records[s]) for s in self.streams], dim=1))
 
     def _record_env(self, record: dict[str, list], message: dict[str, Any]) -> None:
         for key in ("rewards", "terminations", "truncations"):
             record[key].append(torch.as_tensor(np.array(message[key])))
-        if self.policy_has_values:
+        if self.policy.has_value_head:
             envs = len(message["rewards"])
             reset = torch.zeros(envs, dtype=torch.bool)
             final = torch.zeros(envs)
             if "final_obs" in message:  # auto-reset: the next observation starts a new episode
                 reset = torch.as_tensor(np.array(message["done"]))
-                final = self._bootstrap(self.policy.act(message["final_obs"], do_sample=False).values)
+                final = self._bootstrap(self.policy.values(message["final_obs"]))
             record["final_values"].append(final)
             record["auto_reset"].append(reset)
 
@@ -152,21 +112,23 @@ class RolloutWorker(Worker):
         action-level values the value of the observation's first action."""
         return values[..., 0] if self.cfg.actor.model.value_type == "action_level" else values
 
-    def _trajectory(self, record: dict[str, list]) -> dict[str, Any]:
-        traj: dict[str, Any] = {k: torch.stack(v) for k, v in record.items() if k != "forward_inputs"}
-        traj["forward_inputs"] = {k: torch.stack([f[k] for f in record["forward_inputs"]])
-                                  for k in record["forward_inputs"][0]}
-        if "final_values" in traj:
+    def _trajectory(self, record: dict[str, list]) -> Trajectory:
+        traj = Trajectory(
+            forward_inputs={k: torch.stack([f[k] for f in record["forward_inputs"]]) for k in record["forward_inputs"][0]},
+            **{k: torch.stack(record[k]) for k in ("actions", "logprobs", "token_mask", "rewards", "terminations",
+                                                   "truncations")})
+        if self.policy.has_value_head:
             # where no auto-reset happened, the episode's final observation is simply the next one
-            next_values = self._bootstrap(traj["values"][1:])
-            traj["final_values"] = torch.where(traj.pop("auto_reset"), traj["final_values"], next_values)
+            values = torch.stack(record["values"])
+            next_values = self._bootstrap(values[1:])
+            traj.values = values
+            traj.final_values = torch.where(torch.stack(record["auto_reset"]), torch.stack(record["final_values"]),
+                                            next_values)
         return traj
 
-    def _send(self, trajectories: list[dict[str, Any]]) -> None:
-        traj = tree_cat(trajectories, dim=1)
-        envs = traj["rewards"].shape[1]
-        queue = self.cfg.actor.channel.queue_name
+    def _send(self, traj: Trajectory) -> None:
+        envs = traj.rewards.shape[1]
         for r, k, start, stop in replay_pieces(self.world_size, self.actor_world_size, envs):
             if r == self.rank:
-                piece = tree_map(lambda x: x[:, start:stop].numpy(), traj)
-                self.channel.put(f"{queue}/{k}", {"source": (self.rank, start), "trajectory": piece})
+                piece = traj.map(lambda x: x[:, start:stop].numpy())
+                self.channel.put(replay_key(self.cfg, k), {"source": (self.rank, start), "trajectory": piece})

@@ -14,6 +14,8 @@ from typing import Any
 
 from transformers import LlamaConfig
 
+from core.errors import ConfigError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -48,10 +50,6 @@ TIMM_SPECS: dict[str, ViTSpec] = {
 # Size fields a checkpoint may override per backbone (``timm_arch_overrides``, our extension):
 # this is how a tiny test checkpoint keeps the graph of the real one with small widths.
 ARCH_OVERRIDE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
-
-
-class ConfigError(ValueError):
-    """A config value a user can fix; the message names the key and the source."""
 
 
 def vit_spec(timm_model_id: str, overrides: Mapping[str, Any] | None, source: str) -> ViTSpec:
@@ -182,7 +180,6 @@ class PolicyOptions:
     lora_path: str | None
     num_images_in_input: int
     attn_implementation: str
-    gradient_checkpointing: bool
     max_prompt_length: int
     normalize_gripper: bool
     invert_gripper: bool
@@ -212,8 +209,8 @@ class PolicyOptions:
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
-        # the schema's rules (action_head, precision, lora_alpha, ...) are checked by Policy's
-        # constructor and, before check_config, by embodied.validate; here only the combinations
+        # the schema's rules (action_head, precision, lora_alpha, ...) are checked by the config
+        # layer (embodied.config.build_policy, embodied.validate); here only the combinations
         if not self.is_lora and self.lora_path:
             raise bad("lora_path", "null when is_lora is false")
         if not self.is_lora and self.lora_target_modules is not None:

@@ -38,8 +38,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from core.description import EnvDescription
+from core.errors import expected
 from policies.base import ActOutput, EvaluateOutput, Policy
-from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS, apply_lora, save_adapter
+from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS, adapters_disabled, apply_lora, save_adapter
 from policies.openvla_oft import checkpoint
 from policies.openvla_oft.config import ConfigError, PolicyOptions
 from policies.openvla_oft.decoding import ActionSampler
@@ -110,6 +112,7 @@ class OpenVLAOFTPolicy(Policy):
     from the folder's RL tensors). Parameters are created on ``device`` in ``precision``."""
 
     config_keys = tuple(f.name for f in fields(PolicyOptions))
+    reads_task_prompt = True
     refused_keys = {
         "low_cpu_mem_usage": "low_cpu_mem_usage, because openvla_oft builds its modules itself and "
                              "loads the weights into them",
@@ -142,8 +145,6 @@ class OpenVLAOFTPolicy(Policy):
         self.unnorm_key, self.action_stats, self.proprio_stats = action_statistics(
             vla.config.norm_stats, options, self.action_dim, proprio_dim
         )
-        if options.gradient_checkpointing:
-            vla.language_model.activation_checkpointing_enable({"use_reentrant": False})
         if options.is_lora:
             targets = options.lora_target_modules or lora_targets(vla)
             targets = list(targets) if isinstance(targets, tuple) else targets
@@ -164,11 +165,24 @@ class OpenVLAOFTPolicy(Policy):
             check_keys(own, {k: tuple(v.shape) for k, v in rl_state.items()}, f"RL tensors of {options.model_path}")
             self.load_state_dict(rl_state, strict=False)
 
-    @staticmethod
-    def check_config(cfg: Mapping[str, Any]) -> None:
-        """What can be checked from the folders before any worker starts: options, every file of
-        ``model_path`` (used or refused), head and projector shapes, the statistics for
-        ``unnorm_key``, and a ``lora_path`` adapter against the base weights."""
+    @classmethod
+    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
+        return cfg["action_head"] == "discrete"
+
+    @classmethod
+    def unread_keys(cls, cfg: Mapping[str, Any]) -> dict[str, str]:
+        out = super().unread_keys(cfg)
+        if cfg["action_head"] != "l1_regression":
+            out["actor.model.init_log_std"] = f"the {cfg['action_head']} head has no Gaussian std"
+        return out
+
+    @classmethod
+    def check_config(cls, cfg: Mapping[str, Any]) -> None:
+        """What can be checked from the folders before any worker starts (when ``model_path`` is
+        set): options, every file of ``model_path`` (used or refused), head and projector shapes,
+        the statistics for ``unnorm_key``, and a ``lora_path`` adapter against the base weights."""
+        if cfg.get("model_path") is None:
+            return
         options = PolicyOptions.from_config(cfg)
         contents = checkpoint.inspect_folder(
             options.model_path, use_proprio=options.use_proprio, action_head=options.action_head,
@@ -193,6 +207,22 @@ class OpenVLAOFTPolicy(Policy):
         action_statistics(config.norm_stats, options, action_dim, proprio_dim)
         if options.is_lora and options.lora_path:
             check_adapter_against_base(Path(options.lora_path), contents, options.model_path)
+
+    @classmethod
+    def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
+        """The gripper action the policy outputs must be the one that opens the env's gripper,
+        where the env fixes it (LIBERO: datasets store the gripper as [0 close, 1 open];
+        ``normalize_gripper`` makes that -1/+1 (+1 open) and ``invert_gripper`` flips it)."""
+        if env.gripper_open_action is None:
+            return
+        key, given = env.gripper_open_action
+        if not cfg["normalize_gripper"]:
+            raise expected("actor.model.normalize_gripper", False, f"true with env.{split} (its gripper takes "
+                           "-1/+1; the model predicts the dataset's [0, 1])")
+        opens = -1 if cfg["invert_gripper"] else 1
+        if given != opens:
+            raise expected(f"env.{split}.{key}", given, f"{opens} with actor.model.invert_gripper="
+                           f"{cfg['invert_gripper']} (the model's action that opens the gripper)")
 
     @staticmethod
     def _check_matches_checkpoint(vla: OpenVLAOFT, tokenizer, options: PolicyOptions) -> None:
@@ -231,6 +261,28 @@ class OpenVLAOFTPolicy(Policy):
         core = self.core
         blocks = [block for f in core.vision_backbone.featurizers for block in f.blocks]
         return [*core.language_model.model.layers, *blocks]
+
+    def enable_gradient_checkpointing(self) -> list[nn.Module]:
+        """The Llama layers recompute their activations in the backward pass."""
+        self.core.language_model.activation_checkpointing_enable({"use_reentrant": False})
+        return list(self.core.language_model.model.layers)
+
+    def frozen_reference(self):
+        """With LoRA the base model, adapters off; else None (the actor keeps a frozen copy)."""
+        return adapters_disabled(self) if isinstance(self.vla, PeftModel) else None
+
+    @property
+    def has_value_head(self) -> bool:
+        return self.value_head is not None
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return [] if self.value_head is None else list(self.value_head.parameters())
+
+    @torch.no_grad()
+    def values(self, obs: Mapping[str, Any]) -> Tensor | None:
+        if self.value_head is None:
+            return None
+        return self.forward_model(self.observation_inputs(obs))[1].cpu()
 
     def observation_inputs(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
         """Env observation -> the CPU tensors ``evaluate`` needs (prompts, images, proprio)."""

@@ -1,0 +1,117 @@
+"""The layers import downward only (docs/architecture.md): ``core`` imports nothing of ours;
+``envs`` and ``policies`` import ``core`` and themselves; ``embodied`` may import all of them.
+The algorithms import neither policies nor the config layer, the workers no module of
+``policies`` but the interface and the registry, and no modules import each other in a circle.
+Every import counts, also those inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "envs", "policies", "embodied")
+ALLOWED = {"core": {"core"}, "envs": {"core", "envs"}, "policies": {"core", "policies"},
+           "embodied": set(PACKAGES)}
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of ours -> the modules of ours it imports (a ``from a import b`` counts ``a.b``
+    when that is a module, else ``a``)."""
+    modules = {_module(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                           for alias in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t.split(".")[0] in PACKAGES}
+        graph[name] = found
+    return graph
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if t.split(".")[0] not in ALLOWED[m.split(".")[0]])
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            # a package importing its own submodules (an __init__ re-export) is not a circle
+            if len(component) > 1 and not all(c.startswith(min(component, key=len)) for c in component):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_layers_import_downward_only():
+    assert upward(import_graph()) == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_algorithms_import_no_policy_and_no_config():
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("embodied.algorithms"):
+            bad = {t for t in targets if t.startswith(("policies", "embodied.schema", "embodied.config"))}
+            assert not bad, f"{module} imports {bad}"
+
+
+def test_workers_reach_policies_through_the_interface_only():
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("embodied.workers"):
+            bad = {t for t in targets if t.startswith("policies") and t not in ("policies", "policies.base")}
+            assert not bad, f"{module} imports {bad}"
+
+
+def test_the_checks_see_a_violation(tmp_path):
+    """The graph finds an upward import and a circle in a tree made to have both."""
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "envs" / "a.py").write_text("from embodied.b import x\n")
+    (tmp_path / "embodied" / "b.py").write_text("def f():\n    from embodied.c import y\n")
+    (tmp_path / "embodied" / "c.py").write_text("import embodied.b\n")
+    graph = import_graph(tmp_path)
+    assert upward(graph) == ["envs.a -> embodied.b"]
+    assert circles(graph) == [["embodied.b", "embodied.c"]]
