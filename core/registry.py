@@ -16,6 +16,12 @@ from typing import Any
 from core.errors import ConfigError
 
 
+def load(target: str) -> Any:
+    """The object a ``"module:attr"`` string names, imported now."""
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class UnknownName(ConfigError, KeyError):
     """A name no entry has (a ``KeyError`` too, for code that looks names up)."""
 
@@ -66,8 +72,7 @@ class Registry:
         self._check(name)
         target = self._entries[name]
         if isinstance(target, str):
-            module, attr = target.split(":")
-            target = self._entries[name] = getattr(importlib.import_module(module), attr)
+            target = self._entries[name] = load(target)
         return target
 
     def declared(self, name: str) -> dict[str, Any]:

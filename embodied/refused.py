@@ -16,15 +16,61 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import schema
+from embodied import backends, schema
 from envs import ENVS
 from policies import POLICIES
 
-MEGATRON = "a Megatron option, because the Megatron backend is not available (the actor trains with FSDP2)"
+ARCHITECTURE = "an architecture flag, because a model's architecture comes from its checkpoint's config.json"
+_NO_DDP = ("because the Megatron backend trains with a plain torch optimizer and its own gradient all-reduce, "
+           "not Megatron's DDP and DistributedOptimizer (which reject CPU tensors by type string, "
+           "distrib_optimizer.py:420,431), and FSDP2 shards the optimizer state by itself")
+_PIPELINE = ("because the Megatron backend runs the whole model on every tensor-parallel rank (pipeline stages "
+             "need Megatron's forward-backward schedule, whose p2p buffers assume CUDA)")
+_MEGATRON_CKPT = ("because the Megatron backend's checkpoints are always dist_checkpointing folders, reshardable "
+                  "across tensor-parallel sizes, and its weights come from actor.model.model_path")
+# Keys of the reference's Megatron configs that no training backend here reads
+# (actor.training_backend megatron reads the others: policies/megatron/__init__.py READ)
+MEGATRON_NEVER: dict[str, str] = {
+    "actor.mcore_gpt": "other stacks than Megatron-Core's GPTModel, because only it is implemented",
+    "actor.spec_name": "other specs than decoder_gpt, because the GPT decoder spec is the only one",
+    "actor.offload_optimizer": "Megatron offloading, because it is not implemented; with fsdp use "
+                               "actor.fsdp_config.cpu_offload",
+    "actor.offload_weight": "Megatron offloading, because it is not implemented; with fsdp use "
+                            "actor.fsdp_config.cpu_offload",
+    "actor.offload_grad": "Megatron offloading, because it is not implemented; with fsdp use "
+                          "actor.fsdp_config.cpu_offload",
+    "actor.enable_dp_load_balance": "data-parallel load balancing, because micro-batches hold "
+                                    "actor.micro_batch_size samples",
+    "actor.model.pipeline_model_parallel_size": "pipeline parallelism, " + _PIPELINE,
+    "actor.model.batch_p2p_comm": "pipeline communication, " + _PIPELINE,
+    "actor.model.variable_seq_lengths": "pipeline shape exchange, " + _PIPELINE,
+    "actor.model.encoder_seq_length": "an encoder length, because the GPT models are decoder-only",
+    "actor.model.moe_token_dispatcher_type": "MoE dispatch, because no mixture-of-experts family is mapped",
+    "actor.model.add_bias_linear": ARCHITECTURE,
+    "actor.model.add_qkv_bias": ARCHITECTURE,
+    "actor.optim.bf16": "Megatron's mixed-precision flag, because the dtype is actor.fsdp_config.amp_autocast "
+                        "or mixed_precision with fsdp, actor.model.precision with megatron",
+    "actor.optim.fp16": "Megatron's mixed-precision flag, because the dtype is actor.fsdp_config.amp_autocast "
+                        "or mixed_precision with fsdp, actor.model.precision with megatron",
+    "actor.optim.loss_scale_window": "Megatron's fp16 loss scaler, " + _NO_DDP,
+    "actor.optim.use_distributed_optimizer": "Megatron's distributed optimizer, " + _NO_DDP,
+    "actor.optim.overlap_grad_reduce": "Megatron DDP's overlap, " + _NO_DDP,
+    "actor.optim.overlap_param_gather": "Megatron's parameter gather, " + _NO_DDP,
+    "actor.optim.overlap_param_gather_with_optimizer_step": "Megatron's parameter gather, " + _NO_DDP,
+    "actor.optim.optimizer_enable_pin": "Megatron's optimizer offload, " + _NO_DDP,
+    "actor.megatron.ddp_bucket_size": "Megatron DDP's buckets, " + _NO_DDP,
+    "actor.megatron.ckpt_format": "other formats, " + _MEGATRON_CKPT,
+    "actor.megatron.use_dist_ckpt": "choosing the format, " + _MEGATRON_CKPT,
+    "actor.megatron.use_hf_ckpt": "other weight sources, " + _MEGATRON_CKPT,
+    "actor.megatron.ckpt": "Megatron's offline converter, " + _MEGATRON_CKPT,
+    "actor.megatron.tp_comm_bootstrap_backend": "TransformerEngine's TP communication overlap, because it "
+                                                "needs CUDA, NCCL and TransformerEngine userbuffers",
+    "actor.megatron.tp_comm_overlap_cfg": "TransformerEngine's TP communication overlap, because it needs "
+                                          "CUDA, NCCL and TransformerEngine userbuffers",
+}
 FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
 ENGINE = ("a generation-engine option (SGLang, vLLM), because generation runs on Hugging Face "
           "generate here (rollout.backend)")
-ARCHITECTURE = "an architecture flag, because a model's architecture comes from its checkpoint's config.json"
 PER_GPU = ("per-device batch sizes, because training micro-batches are actor.micro_batch_size samples "
            "and rollouts run whole env stages")
 REFUSED: dict[str, str] = {
@@ -69,23 +115,7 @@ REFUSED: dict[str, str] = {
     "rollout.validate_weight": "weight comparison dumps, because they are not implemented",
     "rollout.validate_save_dir": "weight comparison dumps, because they are not implemented",
     "actor.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
-    "actor.training_backend": "megatron, because the Megatron backend is not available (the actor "
-                              "trains with FSDP2)",
-    "actor.megatron": MEGATRON,
-    "actor.mcore_gpt": MEGATRON,
-    "actor.spec_name": MEGATRON,
-    "actor.offload_optimizer": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.offload_weight": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.offload_grad": MEGATRON + "; use actor.fsdp_config.cpu_offload",
-    "actor.optim.use_distributed_optimizer": MEGATRON + " (FSDP2 always shards the optimizer state)",
-    "actor.optim.overlap_grad_reduce": MEGATRON,
-    "actor.optim.overlap_param_gather": MEGATRON,
-    "actor.optim.overlap_param_gather_with_optimizer_step": MEGATRON,
-    "actor.optim.optimizer_enable_pin": MEGATRON,
-    "actor.optim.loss_scale_window": MEGATRON + "; fp16 loss scaling is actor.fsdp_config.grad_scaler",
-    "actor.optim.bf16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
-    "actor.optim.fp16": MEGATRON + "; use actor.fsdp_config.amp_autocast or mixed_precision",
-    "actor.enable_dp_load_balance": MEGATRON,
+    **MEGATRON_NEVER,
     "actor.calculate_flops": "FLOP counting, because it is not implemented",
     "actor.tokenizer.tokenizer_type": "other tokenizer types, because tokenizers load with Hugging Face "
                                       "AutoTokenizer",
@@ -112,26 +142,18 @@ REFUSED: dict[str, str] = {
     "critic.use_critic_model": "a separate critic model, because PPO's critic here is the "
                                "policy's value head (actor.model.add_value_head)",
     # actor.model keys of the reference's configs that no policy reads
-    "actor.model.add_bias_linear": ARCHITECTURE,
-    "actor.model.add_qkv_bias": ARCHITECTURE,
     "actor.model.val_micro_batch_size": "a value micro-batch, because values come out of the rollout's "
                                         "forward pass",
     "actor.model.policy_setup": "robot setups, because the env adapters set up the robot (no SimplerEnv "
                                 "adapter exists)",
-    **{f"actor.model.{key}": MEGATRON for key in (
-        "tensor_model_parallel_size", "pipeline_model_parallel_size", "activation", "sequence_parallel",
-        "recompute_method", "recompute_granularity", "recompute_num_layers", "seq_length",
-        "encoder_seq_length", "normalization", "position_embedding_type", "apply_rope_fusion",
-        "bias_dropout_fusion", "persist_layer_norm", "bias_activation_fusion",
-        "attention_softmax_in_fp32", "batch_p2p_comm", "variable_seq_lengths",
-        "gradient_accumulation_fusion", "moe_token_dispatcher_type", "use_cpu_initialization",
-        "megatron_checkpoint")},
 }
 
 
 def not_read_here(cfg: DictConfig) -> dict[str, str]:
-    """Keys that only some models, heads or envs read, with why this config's do not."""
+    """Keys that only some models, heads, envs or training backends read, with why this
+    config's do not."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
+    out |= backends.unread_keys(cfg)
     envs = {cfg.env[split].env_type for split in schema.ENV_SPLITS if cfg.env[split]}
     used = {key for name in envs if name in ENVS for key in ENVS.declared(name)["reads"]}
     for name in ENVS.names():

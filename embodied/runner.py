@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from core.shm import sweep_dead_segments
 from embodied import checkpoint
+from embodied.backends import replicas
 from embodied.channel import Channel
 from embodied.channel.keys import queue_bounds
 from embodied.cluster import Cluster
@@ -63,9 +64,9 @@ class Runner:
         chunks = cfg.actor.model.num_action_chunks
         self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
         self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
-        rollout_ranks = plan.world_size("rollout")
-        pieces = replay_pieces(rollout_ranks, actor_ranks, cfg.env.train.total_num_envs // rollout_ranks)
-        self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(actor_ranks))
+        rollout_ranks, groups = plan.world_size("rollout"), actor_ranks // replicas(cfg)
+        pieces = replay_pieces(rollout_ranks, groups, cfg.env.train.total_num_envs // rollout_ranks)
+        self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(groups))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
         self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
         self.shared_reset_states = shared_reset_states(cfg)  # for the eval reports

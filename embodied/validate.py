@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import checkpoint, schema
+from embodied import backends, checkpoint, schema
 from embodied.algorithms import ADVANTAGES
 from embodied.config import chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
@@ -35,10 +35,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
     _rules(cfg)  # after the prompt length: a text model's action_dim is what remains of seq_length
 
-    backends = list(cfg.runner.logger.logger_backends)
-    for backend in backends:
-        if backend not in LOGGER_BACKENDS:
-            _fail("runner.logger.logger_backends", backends, f"backends among {list(LOGGER_BACKENDS)}")
+    loggers = list(cfg.runner.logger.logger_backends)
+    for logger in loggers:
+        if logger not in LOGGER_BACKENDS:
+            _fail("runner.logger.logger_backends", loggers, f"backends among {list(LOGGER_BACKENDS)}")
 
     model = cfg.actor.model
     if not model:
@@ -62,13 +62,13 @@ def validate(cfg: DictConfig) -> PlacementPlan:
               f"true with algorithm.adv_type={adv} (it bootstraps from the critic's values)")
 
     plan = _placement(cfg)
+    backends.check(cfg, plan.world_size("actor"))
     _training_options(cfg, plan.accelerator)
-    actor_ranks = plan.world_size("actor")
-    per_step = cfg.actor.micro_batch_size * actor_ranks
+    groups, who = _actor_groups(cfg, plan)
+    per_step = cfg.actor.micro_batch_size * groups
     if cfg.actor.global_batch_size % per_step:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
-              f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x "
-              f"{actor_ranks} actor rank(s) = {per_step}")
+              f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x {who} = {per_step}")
 
     _writable("runner.logger.log_path", cfg.runner.logger.log_path)
     _writable("runner.logger.log_path (its checkpoints folder)",
@@ -85,6 +85,15 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _pass_k(cfg)
     _validate_envs(cfg, plan)
     return plan
+
+
+def _actor_groups(cfg: DictConfig, plan: PlacementPlan) -> tuple[int, str]:
+    """How many shares a step's samples split into on the actor (data-parallel ranks), and
+    those words for messages."""
+    ranks, replicas = plan.world_size("actor"), backends.replicas(cfg)
+    if replicas == 1:
+        return ranks, f"{ranks} actor rank(s)"
+    return ranks // replicas, f"{ranks // replicas} data-parallel group(s) of {replicas} tensor-parallel actor ranks"
 
 
 def _pass_k(cfg: DictConfig) -> None:
@@ -139,7 +148,7 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
     if POLICIES.declared(cfg.actor.model.model_type)["task_type"] != task:
         _fail("actor.model.model_type", cfg.actor.model.model_type,
               f"{' or '.join(POLICIES.where(task_type=task))} with runner.task_type={task}")
-    rollout_ranks, actor_ranks = plan.world_size("rollout"), plan.world_size("actor")
+    rollout_ranks = plan.world_size("rollout")
     if env_ranks % rollout_ranks:
         _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
               f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
@@ -149,10 +158,11 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
             _fail("env.train.total_num_envs", train.total_num_envs,
                   f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
-    shard = train.total_num_envs // actor_ranks
-    if train.total_num_envs % actor_ranks or shard % train.group_size:
+    groups, who = _actor_groups(cfg, plan)
+    shard = train.total_num_envs // groups
+    if train.total_num_envs % groups or shard % train.group_size:
         _fail("env.train.total_num_envs", train.total_num_envs,
-              f"a multiple of {actor_ranks} actor rank(s) x env.train.group_size ({train.group_size}) "
+              f"a multiple of {who} x env.train.group_size ({train.group_size}) "
               "so that every actor rank trains on whole groups")
     adv = cfg.algorithm.adv_type
     if ADVANTAGES.declared(adv)["needs_groups"]:

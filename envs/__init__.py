@@ -10,13 +10,12 @@ keys outside ``env.*`` that reach it through its group file, with what they are.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from core.description import EnvDescription
 from core.errors import EnvSetupError
-from core.registry import Registry
+from core.registry import Registry, load
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
@@ -30,10 +29,7 @@ ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="
 def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:
     """The checks of ``env_cfg`` that need no simulator, and what they find."""
     target = ENVS.declared(env_cfg["env_type"])["describe"]
-    if target is None:
-        return EnvDescription()
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)(env_cfg)
+    return EnvDescription() if target is None else load(target)(env_cfg)
 
 
 def make_vector_env(env_cfg: Any, num_envs: int, seed_offset: int = 0, name: str | None = None) -> Any:

@@ -6,9 +6,12 @@ a model is a module implementing ``Policy``, its line here and its ``config/mode
 
 from core.registry import Registry
 
-# task_type: the runner.task_type (and so the envs) a model acts in, read without importing it
-POLICIES = Registry("model type", "actor.model.model_type", task_type="embodied")
-POLICIES.add("causal_lm", "policies.causal_lm:CausalLMPolicy", task_type="math")
+# Declared per model, read without importing it: task_type, the runner.task_type (and so the envs)
+# it acts in; training, its classes for actor.training_backend other than fsdp (which trains the
+# entry's own class), e.g. a Megatron-Core model whose weights sync into the entry's class.
+POLICIES = Registry("model type", "actor.model.model_type", task_type="embodied", training={})
+POLICIES.add("causal_lm", "policies.causal_lm:CausalLMPolicy", task_type="math",
+             training={"megatron": "policies.megatron.policy:MegatronCausalLMPolicy"})
 POLICIES.add("cnn", "policies.cnn:CNNPolicy")
 POLICIES.add("mlp", "policies.mlp:MLPPolicy")
 POLICIES.add("openvla_oft", "policies.openvla_oft:OpenVLAOFTPolicy")

@@ -99,3 +99,33 @@ def test_pass_k_split_holds_k_envs_per_validation_prompt(tiny_math):
     assert (split.total_num_envs, split.group_size, split.init_params.pass_at_group) == (800, 4, True)
     assert split.init_params.data_paths == cfg.env.eval.init_params.data_paths
     assert not cfg.env.eval.init_params.pass_at_group
+
+
+def test_megatron_backend_dry_runs(tiny_math, capsys):
+    code, out, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, "actor.training_backend=megatron"))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.tensor_model_parallel_size=2",
+     "actor.model.tensor_model_parallel_size=2 does not divide vocab_size"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.tensor_model_parallel_size=3",
+     "actor.model.tensor_model_parallel_size=3 does not divide the actor's world size (2)"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.is_lora=true",
+     "actor.model.is_lora: not supported here, because actor.training_backend megatron has no LoRA"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.fsdp_config.cpu_offload=true",
+     "actor.fsdp_config.cpu_offload: not supported here, because actor.training_backend is megatron (an FSDP "
+     "option)"),
+    ("math_grpo_tiny", "actor.model.tensor_model_parallel_size=2",
+     "actor.model.tensor_model_parallel_size: not supported here, because actor.training_backend is fsdp "
+     "(a Megatron option)"),
+    ("math_grpo_tiny", "actor.megatron.distributed_timeout_minutes=5", "actor.megatron.distributed_timeout_minutes"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.pipeline_model_parallel_size=2",
+     "actor.model.pipeline_model_parallel_size: not supported: pipeline parallelism"),
+    ("maniskill_ppo_mlp", "actor.training_backend=megatron", "actor.training_backend = 'megatron': expected fsdp "
+                                                             "with model_type mlp"),
+])
+def test_bad_megatron_settings_exit_2_naming_the_key(tiny_math, capsys, config, override, message):
+    args = _args(tiny_math, *override.split()) if config.startswith("math") else ["--dry-run", *override.split()]
+    code, _, err = _run(capsys, config, args)
+    assert code == 2 and message in err and err.count("\n") == 1, err

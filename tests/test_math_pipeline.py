@@ -29,15 +29,31 @@ def _embodied(command, args, timeout=600):
     return json.loads(done.stdout.strip().splitlines()[-1]), done
 
 
-def test_shortened_training_clearly_raises_held_out_accuracy(tiny_math, tmp_path):
-    result, done = _embodied("train", _math(tiny_math, tmp_path, "learn", "runner.max_epochs=160",
-                                            "runner.val_check_interval=160"))
+LEARNING_STEPS = 160
+
+
+def learning_run(tiny_math, out, *extra):
+    """A shortened math_grpo_tiny run that validates before and after ``LEARNING_STEPS`` steps."""
+    return _embodied("train", _math(tiny_math, out, "learn", f"runner.max_epochs={LEARNING_STEPS}",
+                                    f"runner.val_check_interval={LEARNING_STEPS}", *extra))
+
+
+@pytest.fixture(scope="session")
+def fsdp_learning(tiny_math, tmp_path_factory):
+    """The FSDP2 learning run, shared with the Megatron test that compares its curve to it."""
+    out = tmp_path_factory.mktemp("learn_fsdp")
+    result, done = learning_run(tiny_math, out)
+    return result, done, out / "learn"
+
+
+def test_shortened_training_clearly_raises_held_out_accuracy(tiny_math, fsdp_learning):
+    result, done, run = fsdp_learning
     # validation in Ray env workers (threads, spawned scorers) scores what the model scores in process
     assert result["eval_success_before"] == pytest.approx(tiny_math["accuracy"])
     assert result["eval_success"] >= result["eval_success_before"] + 0.05, result
-    assert "eval at step 160: success" in done.stdout and "  test: success" in done.stdout
-    samples = [json.loads(line) for line in (tmp_path / "learn" / "samples.jsonl").read_text().splitlines()]
-    assert {s["step"] for s in samples} == {0, 160}
+    assert f"eval at step {LEARNING_STEPS}: success" in done.stdout and "  test: success" in done.stdout
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {0, LEARNING_STEPS}
     assert set(samples[0]) == {"step", "split", "prompt", "response", "answer", "reward"}
 
 
@@ -101,3 +117,26 @@ def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):
         assert sorted(scalars(tmp_path / "passk", tag)) == [0, 1], tag  # before training and at step 1
     assert scalars(tmp_path / "passk", "eval_pass_k/success_once")[1] == pytest.approx(sampled["success"])
     assert "  sampled: pass@k" in done.stdout and "  test: pass@k" in done.stdout
+
+
+def test_megatron_backend_learns_like_fsdp(tiny_math, fsdp_learning, tmp_path):
+    """``actor.training_backend=megatron`` through the same pipeline (a Megatron-Core GPTModel, here
+    tensor parallel 1 x data parallel 2 over gloo; weights synced to the HF rollout policy): its
+    first steps are the FSDP2 run's, and its training reward rises as much. (Floating-point order
+    makes the runs part after some steps; a 200-prompt eval is too noisy to compare, the mean
+    reward of 60 steps x 512 responses is not.)"""
+    from statistics import mean
+
+    from tests.test_pipeline import scalars
+
+    fsdp_result, _, fsdp_run = fsdp_learning
+    result, _ = learning_run(tiny_math, tmp_path, "actor.training_backend=megatron")
+    assert result["eval_success_before"] == fsdp_result["eval_success_before"]
+    assert result["eval_success"] > result["eval_success_before"], result
+    ours, fsdp = scalars(tmp_path / "learn", "train/return"), scalars(fsdp_run, "train/return")
+    assert sorted(ours) == sorted(fsdp) == list(range(1, LEARNING_STEPS + 1))
+    for step in range(1, 6):  # the same samples and updates, up to floating-point order
+        assert ours[step] == pytest.approx(fsdp[step], abs=0.02), step
+    start, end = range(1, 21), range(LEARNING_STEPS - 59, LEARNING_STEPS + 1)
+    assert mean(ours[s] for s in end) >= mean(ours[s] for s in start) + 0.15, ours
+    assert mean(ours[s] for s in end) == pytest.approx(mean(fsdp[s] for s in end), abs=0.05)

@@ -14,7 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from core.registry import load
 from embodied import refused, schema, validate
+from embodied.backends import FSDP
 from embodied.config import ConfigError, compose
 from embodied.schema import CONFIG_DIR
 from embodied.schema import Rule, RuleError, parse_rule
@@ -165,13 +167,15 @@ def _generic(key: str) -> str:
 
 
 def unaccounted(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Schema keys that no code declares reading and that are not refused."""
+    """Schema keys that no code declares reading and that are not refused (keys only the
+    Megatron backend reads count as refused: the fsdp backend refuses them)."""
     declared = {_generic(k) for k in _declared()}
     models: dict[str, set[str]] = {}
     for name in MODEL_TYPES:
-        cls = POLICIES.get(name)
-        own = {k for c in cls.__mro__ for k in vars(c).get("config_keys", ())} | set(cls.refused_keys)
-        models[name] = {f"actor.model.{k}" for k in own}
+        classes = [POLICIES.get(name), *(load(t) for t in POLICIES.declared(name)["training"].values())]
+        own = {k for cls in classes for c in cls.__mro__ for k in vars(c).get("config_keys", ())}
+        models[name] = {f"actor.model.{k}" for k in own | {k for cls in classes for k in cls.refused_keys}}
+    megatron_only = set(FSDP.unread_keys(None))
     leaves = {}
     for name in MODEL_TYPES:
         leaves |= {(k, name if k.startswith("actor.model.") else None): leaf
@@ -181,7 +185,8 @@ def unaccounted(config_dir: Path = CONFIG_DIR) -> list[str]:
     refs = _referenced(config_dir, read)
     missing = []
     for key, model in leaves:
-        if key in read or refused.refusal(key) or key in refs or _generic(key) in {_generic(r) for r in refs}:
+        if key in read or refused.refusal(key) or key in megatron_only or key in refs \
+                or _generic(key) in {_generic(r) for r in refs}:
             continue
         missing.append(f"{key} ({model})" if model else key)
     return sorted(set(missing))

@@ -137,9 +137,9 @@ def test_refusal_is_one_line_and_exit_code_2():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "embodied-train: config error: actor.optim.bf16: not supported: a Megatron option, because "
-        "the Megatron backend is not available (the actor trains with FSDP2); use "
-        "actor.fsdp_config.amp_autocast or mixed_precision"]
+        "embodied-train: config error: actor.optim.bf16: not supported: Megatron's mixed-precision flag, "
+        "because the dtype is actor.fsdp_config.amp_autocast or mixed_precision with fsdp, "
+        "actor.model.precision with megatron"]
 
 
 @pytest.mark.slow

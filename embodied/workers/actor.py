@@ -1,4 +1,5 @@
-"""Actor: the policy under FSDP2 (gloo on CPU, NCCL on GPU), trained with PPO or GRPO on the
+"""Actor: the policy, distributed by its training backend (``embodied/backends.py``: FSDP2, or
+Megatron-Core tensor parallelism; gloo on CPU, NCCL on GPU), trained with PPO or GRPO on the
 trajectories the rollout workers send through the replay channel.
 
 With ``rollout.recompute_logprobs`` the old log-probs of the ratio are recomputed here, by the
@@ -16,22 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import fully_shard
 
 from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs
 from embodied.algorithms.trajectory import normalize, training_samples
+from embodied.backends import BACKENDS
 from embodied.batch import Samples, Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import replay_key
-from embodied.config import build_policy, training_steps
+from embodied.config import training_steps
 from embodied.lr_schedule import learning_rate
-from embodied.training_options import autocast, build_optimizer, fsdp_options, grad_scaler
+from embodied.training_options import autocast, build_optimizer, grad_scaler
 from embodied.worker import Worker
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
@@ -43,26 +38,21 @@ CONFIG_KEYS = ("algorithm.loss_type", "algorithm.kl_beta", "algorithm.entropy_bo
                "actor.optim.value_lr", "actor.optim.clip_grad", "actor.optim.max_skipped_updates",
                "actor.model.gradient_checkpointing")
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
 
 class ActorWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel):
         self.cfg, self.channel = cfg, channel
         self.algo = cfg.algorithm
         self.torch_device = torch.device("cuda" if self.accelerator == "gpu" else "cpu")
-        dist.init_process_group("nccl" if self.accelerator == "gpu" else "gloo")
+        self.backend = BACKENDS.get(cfg.actor.training_backend)(cfg, self.accelerator)
         torch.manual_seed(cfg.actor.seed)  # identical initial weights on every rank
-        policy = build_policy(cfg.actor.model).to(self.torch_device)
+        policy = self.backend.build(self.torch_device)
         self.reference = None  # a frozen copy, when the policy has no reference of its own
         if self.algo.kl_beta > 0 and policy.frozen_reference() is None:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
         if cfg.actor.model.gradient_checkpointing:
             policy.enable_gradient_checkpointing()
-        shard = fsdp_options(cfg.actor.fsdp_config)
-        for unit in policy.shard_units():  # large models shard block by block
-            fully_shard(unit, **shard)
-        self.policy = fully_shard(policy, **shard)
+        self.policy = self.backend.wrap(policy)
         self.autocast = autocast(cfg.actor.fsdp_config, self.torch_device)
         self.scaler = grad_scaler(cfg.actor.fsdp_config, self.torch_device)
         self.policy_loss = POLICY_LOSSES.get(self.algo.loss_type)
@@ -93,9 +83,10 @@ class ActorWorker(Worker):
         batch = Samples.cat([self._samples(piece["trajectory"]) for piece in pieces], dim=0)
         batch = normalize(batch, self.algo, dist.all_reduce)
         count = batch.advantages.shape[0]
-        per_rank = self.cfg.actor.global_batch_size // self.world_size
+        per_rank = self.cfg.actor.global_batch_size // self.backend.data_parallel_size
         micro = self.cfg.actor.micro_batch_size
-        seed = self.cfg.actor.seed + step * 1000 + self.rank
+        # (the ranks of a tensor-parallel group hold the same samples and draw the same minibatches)
+        seed = self.cfg.actor.seed + step * 1000 + self.backend.data_parallel_rank
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # any other draw (dropout) is keyed on the step too, as on resume
         sums: dict[str, float] = defaultdict(float)
@@ -130,7 +121,7 @@ class ActorWorker(Worker):
         parts = list(index.split(micro))
         sums: dict[str, float] = defaultdict(float)
         for i, part in enumerate(parts):
-            self.policy.set_requires_gradient_sync(i == len(parts) - 1)
+            self.backend.micro_batch(self.policy, last=i == len(parts) - 1)
             loss, metrics = self._loss(batch.map(lambda x: x[part]))
             loss = loss / len(parts)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -138,8 +129,7 @@ class ActorWorker(Worker):
                 sums[key] += float(value) / len(parts)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.actor.optim.clip_grad)
-        norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        norm = self.backend.clip_gradients(self.policy, self.cfg.actor.optim.clip_grad)
         sums["actor/grad_norm"] = norm
         if self.scaler:  # fp16: the scaler skips steps with inf gradients and lowers its scale
             self.scaler.step(self.optimizer)
@@ -232,25 +222,13 @@ class ActorWorker(Worker):
                     state[key] = value.to(device)
 
     def save(self, folder: str) -> None:
-        """The policy's weights in its own layout (every rank gathers, rank 0 writes) and the
-        optimizer, under ``folder/actor``."""
-        path = Path(folder) / "actor"
-        self.policy.save_checkpoint(path)
-        optim = get_optimizer_state_dict(self.policy, self.optimizer, options=FULL)
-        if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-            torch.save(optim, path / "optimizer.pt")
+        """The policy's weights and the optimizer under ``folder/actor``, as the backend lays
+        them out."""
+        self.backend.save(self.policy, self.optimizer, Path(folder) / "actor")
         dist.barrier()
 
     def load(self, folder: str, with_optimizer: bool = True) -> None:
-        path = Path(folder) / "actor"
-        # the policy checked the names and shapes; a LoRA checkpoint holds only what trains
-        state = self.policy.read_checkpoint(path)
-        set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True, strict=False))
-        if with_optimizer:
-            optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-            set_optimizer_state_dict(self.policy, self.optimizer, optim,
-                                     options=StateDictOptions(full_state_dict=True))
+        self.backend.load(self.policy, self.optimizer, Path(folder) / "actor", with_optimizer)
 
 
 def _minibatches(count: int, size: int, epochs: int, generator: torch.Generator):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from embodied.backends import replicas
 from embodied.batch import Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key, replay_key
@@ -21,9 +22,9 @@ CONFIG_KEYS = ("actor.model.do_sample",)
 
 
 def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> list[tuple[int, int, int, int]]:
-    """How rollout ranks' env columns split over actor ranks: ``(rollout, actor, start, stop)``.
-    Rollout rank r holds global columns ``[r * n, (r + 1) * n)``; actor k trains an equal,
-    contiguous share of them."""
+    """How rollout ranks' env columns split over actor groups (data-parallel ranks): ``(rollout,
+    group, start, stop)``. Rollout rank r holds global columns ``[r * n, (r + 1) * n)``; group k
+    trains an equal, contiguous share of them."""
     per_actor = num_rollout * envs_per_rollout // num_actor
     pieces = []
     for r in range(num_rollout):
@@ -36,7 +37,8 @@ def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> li
 class RolloutWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel, env_world_size: int, actor_world_size: int):
         self.cfg, self.channel = cfg, channel
-        self.actor_world_size = actor_world_size
+        self.replicas = replicas(cfg)  # actor ranks that train on the same samples
+        self.actor_groups = actor_world_size // self.replicas
         self.device = torch.device("cuda" if self.accelerator == "gpu" else "cpu")
         if self.accelerator == "cpu":
             torch.set_num_threads(1)
@@ -127,8 +129,10 @@ class RolloutWorker(Worker):
         return traj
 
     def _send(self, traj: Trajectory) -> None:
+        """Each actor group's share (``replay_pieces``) to every rank of the group."""
         envs = traj.rewards.shape[1]
-        for r, k, start, stop in replay_pieces(self.world_size, self.actor_world_size, envs):
+        for r, k, start, stop in replay_pieces(self.world_size, self.actor_groups, envs):
             if r == self.rank:
                 piece = traj.map(lambda x: x[:, start:stop].numpy())
-                self.channel.put(replay_key(self.cfg, k), {"source": (self.rank, start), "trajectory": piece})
+                for rank in range(k * self.replicas, (k + 1) * self.replicas):
+                    self.channel.put(replay_key(self.cfg, rank), {"source": (self.rank, start), "trajectory": piece})

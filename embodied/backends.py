@@ -1,0 +1,185 @@
+"""How the actor distributes, steps and saves its policy: ``actor.training_backend``.
+
+- ``fsdp``: the model's policy class sharded with FSDP2 (``fully_shard``) over every actor rank,
+  data parallel: each rank trains on its own samples, gradients are reduced in the backward pass.
+- ``megatron``: the model's Megatron-Core class (the model registry's ``training`` declaration,
+  ``policies/__init__.py``), tensor parallel over ``actor.model.tensor_model_parallel_size``
+  consecutive ranks and data parallel over the rest, with a plain torch optimizer: the ranks of
+  a tensor-parallel group train on the same samples, gradients are averaged over the data-parallel
+  replicas after the last backward and clipped counting each shard once.
+
+Each backend gives the actor the same few steps (``build``, ``wrap``, ``micro_batch``,
+``clip_gradients``, ``save``, ``load``), and the config layer the keys it does not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from core.errors import ConfigError
+from core.registry import Registry, load
+from embodied.config import build_policy
+from embodied.training_options import fsdp_options
+from policies import POLICIES
+from policies.base import Policy
+
+# the config keys read here (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("actor.training_backend", "actor.model.tensor_model_parallel_size",
+               "actor.megatron.distributed_backend", "actor.megatron.distributed_timeout_minutes")
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+OPTIMIZER_FILE = "optimizer.pt"
+MEGATRON_DIR = "megatron"  # a Megatron run's reshardable checkpoint, beside model.pt (for eval and export)
+
+
+class FSDP:
+    """FSDP2 over all actor ranks."""
+
+    def __init__(self, cfg: Any, accelerator: str):
+        self.cfg = cfg
+        dist.init_process_group("nccl" if accelerator == "gpu" else "gloo")
+        self.data_parallel_rank, self.data_parallel_size = dist.get_rank(), dist.get_world_size()
+
+    def build(self, device: torch.device) -> Policy:
+        return build_policy(self.cfg.actor.model).to(device)
+
+    def wrap(self, policy: Policy) -> Policy:
+        """Shard the policy: large models block by block (``shard_units``), then the root."""
+        shard = fsdp_options(self.cfg.actor.fsdp_config)
+        for unit in policy.shard_units():
+            fully_shard(unit, **shard)
+        return fully_shard(policy, **shard)
+
+    def micro_batch(self, policy: Policy, last: bool) -> None:
+        """Gradients are reduced across ranks in the last micro-batch's backward only."""
+        policy.set_requires_gradient_sync(last)
+
+    def clip_gradients(self, policy: Policy, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def save(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        """The policy's own layout (every rank gathers, rank 0 writes) and the optimizer."""
+        policy.save_checkpoint(path)
+        optim = get_optimizer_state_dict(policy, optimizer, options=FULL)
+        if dist.get_rank() == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            torch.save(optim, path / OPTIMIZER_FILE)
+
+    def load(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path, with_optimizer: bool) -> None:
+        # the policy checked the names and shapes; a LoRA checkpoint holds only what trains
+        state = policy.read_checkpoint(path)
+        set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        if with_optimizer:
+            optim = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+            set_optimizer_state_dict(policy, optimizer, optim, options=StateDictOptions(full_state_dict=True))
+
+    @staticmethod
+    def unread_keys(cfg: Any) -> dict[str, str]:
+        from policies.megatron import READ
+
+        why = "actor.training_backend is fsdp (a Megatron option)"
+        return {key: why for key in READ if key not in FSDP_AND_MEGATRON}
+
+
+class Megatron:
+    """Megatron-Core tensor parallelism (and data parallelism over the rest)."""
+
+    def __init__(self, cfg: Any, accelerator: str):
+        self.cfg = cfg
+        backend = cfg.actor.megatron.distributed_backend if accelerator == "gpu" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=cfg.actor.megatron.distributed_timeout_minutes))
+
+    def build(self, device: torch.device) -> Policy:
+        """The model's Megatron class, from the plain options (it sets up the process groups)."""
+        from omegaconf import OmegaConf
+
+        options = OmegaConf.to_container(self.cfg.actor.model, resolve=True)
+        policy = load(POLICIES.declared(options["model_type"])["training"]["megatron"])(options)
+        from policies.megatron import training
+
+        self.data_parallel_rank, self.data_parallel_size = training.data_parallel_rank(), training.data_parallel_size()
+        return policy.to(device)
+
+    def wrap(self, policy: Policy) -> Policy:
+        return policy
+
+    def micro_batch(self, policy: Policy, last: bool) -> None:
+        """Nothing to do per micro-batch: the gradients are reduced once, in ``clip_gradients``."""
+
+    def clip_gradients(self, policy: Policy, max_norm: float) -> float:
+        policy.reduce_gradients()
+        return policy.clip_grad_norm(max_norm)
+
+    def save(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        """A ``dist_checkpointing`` folder of the weights and the optimizer (loadable at any tensor-
+        parallel size), and the full weights in the rollout policy's layout (``model.pt``), which
+        ``embodied-eval`` and ``embodied-export`` read."""
+        policy.save_checkpoint(path / MEGATRON_DIR, optimizer)
+        state = policy.trainable_state_dict()
+        if dist.get_rank() == 0:
+            torch.save(state, path / "model.pt")
+
+    def load(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path, with_optimizer: bool) -> None:
+        folder = path / MEGATRON_DIR
+        if not folder.is_dir():
+            raise ConfigError(f"{path} holds no {MEGATRON_DIR}/ folder: it was not written with "
+                              "actor.training_backend megatron")
+        policy.load_state_dict(policy.read_checkpoint(folder))
+        if with_optimizer:
+            policy.load_optimizer(optimizer, folder)
+
+    @staticmethod
+    def unread_keys(cfg: Any) -> dict[str, str]:
+        return {"actor.model.is_lora": "actor.training_backend megatron has no LoRA (Megatron-Core has none for "
+                                       "its tensor-parallel layers, and peft wraps torch Linear layers); train "
+                                       "LoRA with actor.training_backend fsdp",
+                "actor.fsdp_config": "actor.training_backend is megatron (an FSDP option)"}
+
+
+# keys both backends read (the Megatron table lists them too, saying what they become there)
+FSDP_AND_MEGATRON = ("actor.training_backend", "actor.model.model_path", "actor.model.precision",
+                     "actor.model.temperature", "actor.model.max_prompt_length",
+                     "actor.model.gradient_checkpointing", "actor.optim.optimizer", "actor.optim.clip_grad")
+
+BACKENDS = Registry("training backend", "actor.training_backend")
+BACKENDS.add("fsdp", FSDP)
+BACKENDS.add("megatron", Megatron)
+
+
+def replicas(cfg: Any) -> int:
+    """Actor ranks that train on the same samples (a tensor-parallel group), 1 with FSDP."""
+    return cfg.actor.model.tensor_model_parallel_size if cfg.actor.training_backend == "megatron" else 1
+
+
+def check(cfg: Any, actor_ranks: int) -> None:
+    """The backend's checks before any worker starts: the model has a class for it, and the
+    Megatron options fit the checkpoint and the ranks."""
+    backend, model = cfg.actor.training_backend, cfg.actor.model
+    trained = ["fsdp", *POLICIES.declared(model.model_type)["training"]]
+    if backend not in trained:
+        raise ConfigError(f"actor.training_backend = {backend!r}: expected {' or '.join(trained)} with "
+                          f"model_type {model.model_type}")
+    if backend == "megatron":
+        from omegaconf import OmegaConf
+
+        from policies.megatron import check_options
+
+        check_options(OmegaConf.to_container(model, resolve=True), actor_ranks)
+
+
+def unread_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
+    return BACKENDS.get(cfg.actor.training_backend).unread_keys(cfg)

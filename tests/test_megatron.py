@@ -1,0 +1,631 @@
+"""The Megatron-Core backend of the causal LM (policies/megatron/) on real Megatron-Core 0.16.1
+over gloo: the HF <-> Megatron weight mapping, log-probs equal to the HF causal LM's, tensor
+parallelism (2 spawned ranks) equal to one rank, dist_checkpointing resharding, export, the
+training helpers, the refused options, and the CPU adapters (each upstream path still fails
+without its adapter).
+
+Tiny Qwen2 (grouped-query attention, QKV biases, untied embeddings) and Llama (tied embeddings,
+a head size that is not hidden / heads, Llama 3 rope scaling) models are built from configs with
+random weights; in-process tests run Megatron on a one-process gloo group."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")  # the megatron extra
+pytestmark = pytest.mark.timeout(600)  # a checkpoint saver without psutil hangs instead of failing
+
+from core.errors import ConfigError
+
+VOCAB = 64
+STEPS = 3  # optimizer steps of the training comparisons
+LR = 1e-2
+CLIP = 1.0
+
+
+# ----------------------------------------------------------------------------- tiny checkpoints
+def make_checkpoint(folder: Path, family: str) -> Path:
+    """A random HF checkpoint folder of ``family`` with a character tokenizer."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    from policies.tiny_lm import train_tokenizer
+
+    tokenizer = train_tokenizer(["0123456789+-= abcdefghijklmnopqrstuvwxyz"])
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed({"qwen2": 0, "llama": 1}[family])
+    if family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, **ids))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=16384, tie_word_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192}, **ids))
+    with torch.no_grad():  # norms and biases away from 1 and 0, so that a mis-mapped one shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    path = folder / family
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    """In-process tests share Megatron's groups over a one-process gloo group (model.init_parallel
+    starts it); both are torn down after this module, so later modules start without them."""
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("megatron")
+    return {family: make_checkpoint(root, family) for family in ("qwen2", "llama")}
+
+
+def megatron_cfg(path: Path, **over) -> dict:
+    cfg = dict(model_type="causal_lm", model_path=str(path), action_dim=6, num_action_chunks=1,
+               value_type="chunk_level", max_prompt_length=8, temperature=0.7, precision="fp32", is_lora=False,
+               gradient_checkpointing=False, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+               sequence_parallel=False, recompute_granularity=None, recompute_method=None,
+               recompute_num_layers=None, activation="swiglu", normalization="rmsnorm",
+               position_embedding_type="rope", attention_softmax_in_fp32=True, megatron_checkpoint=None)
+    cfg.update(over)
+    return cfg
+
+
+def hf_policy(path: Path):
+    from policies.causal_lm import CausalLMPolicy
+
+    cfg = megatron_cfg(path)
+    cfg.update(add_value_head=False, do_sample=True, top_k=1000000, top_p=1.0, repetition_penalty=1.0,
+               min_new_tokens=1, tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False,
+               eos_token_id=None, pad_token_id=None, lora_rank=4, lora_path=None, attn_implementation="sdpa",
+               trust_remote_code=False, low_cpu_mem_usage=True)
+    return CausalLMPolicy(cfg)
+
+
+def batch(seed: int = 0, size: int = 6) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Left-padded prompts (padding 0..5 tokens), responses with masks of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (size, 8), generator=g)
+    mask = torch.ones_like(ids)
+    response_mask = torch.ones(size, 6)
+    for row in range(size):
+        pad = row % 6
+        ids[row, :pad], mask[row, :pad] = 0, 0
+        response_mask[row, 6 - row % 4:] = 0
+    actions = torch.randint(2, VOCAB, (size, 1, 6), generator=g)
+    return {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}, actions
+
+
+def logits_of(policy, ids: torch.Tensor) -> torch.Tensor:
+    """The GPTModel's (vocab-sharded) logits of unpadded sequences ``ids``."""
+    width = ids.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]
+    return policy.model(ids, torch.arange(width)[None].expand_as(ids), causal)
+
+
+def train(policy, forward_inputs, actions, steps: int = STEPS, optimizer=None):
+    """``steps`` Adam steps on one batch, in the actor's call order; returns the losses (mean
+    over data-parallel ranks), the gradient norms and the optimizer."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    optimizer = optimizer or torch.optim.Adam(policy.parameters(), lr=LR)
+    losses, norms = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        out = policy.evaluate(forward_inputs, actions)
+        # per-sample sums, averaged over samples: the mean over DP ranks is the full batch's loss
+        loss = -out.logprobs.sum((1, 2)).mean() - 0.01 * out.entropy.sum((1, 2)).mean()
+        loss.backward()
+        policy.reduce_gradients()
+        norms.append(policy.clip_grad_norm(CLIP))
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=parallel_state.get_data_parallel_group())
+        losses.append(float(mean) / parallel_state.get_data_parallel_world_size())
+    return losses, norms, optimizer
+
+
+# ------------------------------------------------------------------------- weight mapping (pure)
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_weight_mapping_splits_and_gathers_back_exactly(checkpoints, family):
+    from transformers import AutoModelForCausalLM
+
+    from policies.megatron.weights import (
+        hf_to_megatron,
+        megatron_to_hf,
+        read_architecture,
+    )
+
+    arch = read_architecture(checkpoints[family])
+    hf = AutoModelForCausalLM.from_pretrained(checkpoints[family]).state_dict()
+    shards = [hf_to_megatron(hf, arch, rank, 2) for rank in range(2)]
+    qkv = shards[0]["decoder.layers.0.self_attention.linear_qkv.weight"]
+    # rank 0 holds the first of the two key/value groups: its query heads, then k_0, then v_0
+    per_group = arch.num_heads // arch.num_kv_heads * arch.head_dim
+    query, key = hf["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.k_proj.weight"]
+    assert torch.equal(qkv[:per_group], query[:per_group])
+    assert torch.equal(qkv[per_group:per_group + arch.head_dim], key[:arch.head_dim])
+    back = megatron_to_hf(shards, arch)
+    assert set(back) == set(hf) and all(torch.equal(back[name], hf[name]) for name in hf)
+    assert ("output_layer.weight" in shards[0]) == (family == "qwen2")  # tied embeddings: no output layer
+
+
+def test_unmapped_families_and_features_are_refused(tmp_path):
+    import json
+
+    from policies.megatron.weights import read_architecture
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ConfigError, match="model_type 'gpt2'.*GPT2LMHeadModel.*llama, qwen2"):
+        read_architecture(tmp_path / "gpt2")
+    (tmp_path / "window").mkdir()
+    (tmp_path / "window" / "config.json").write_text(json.dumps({"model_type": "qwen2", "use_sliding_window": True}))
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        read_architecture(tmp_path / "window")
+
+
+# ------------------------------------------------------------------------------ options refused
+@pytest.mark.parametrize("over, world, message", [
+    (dict(tensor_model_parallel_size=2), 3, "tensor_model_parallel_size=2 does not divide the actor's world size"),
+    (dict(tensor_model_parallel_size=4), 4, "does not divide num_key_value_heads"),
+    (dict(tensor_model_parallel_size=3), 3, "does not divide num_attention_heads"),
+    (dict(pipeline_model_parallel_size=2), 2, "pipeline_model_parallel_size: not supported"),
+    (dict(is_lora=True), 1, "is_lora: not supported with actor.training_backend megatron"),
+    (dict(recompute_granularity="full"), 1, "recompute_method"),
+    (dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=3), 1, "recompute_num_layers"),
+    (dict(recompute_num_layers=1), 1, "recompute_num_layers needs actor.model.recompute_granularity"),
+    (dict(recompute_granularity="selective", gradient_checkpointing=True), 1, "both set"),
+    (dict(activation="gelu"), 1, "activation='gelu' disagrees"),
+    (dict(normalization="layernorm"), 1, "normalization='layernorm' disagrees"),
+    (dict(max_prompt_length=100, action_dim=40), 1, "exceeds the 128 positions"),
+])
+def test_bad_options_are_refused_naming_the_key(checkpoints, over, world, message):
+    from policies.megatron import check_options
+
+    with pytest.raises(ConfigError, match=message):
+        check_options(megatron_cfg(checkpoints["qwen2"], **over), world)
+
+
+def test_vocabulary_and_cpu_only_options_are_refused(checkpoints, tmp_path):
+    import json
+
+    from policies.megatron import check_options
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    config = json.loads((checkpoints["qwen2"] / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "vocab_size": 63, "num_attention_heads": 2,
+                                                 "num_key_value_heads": 2}))
+    with pytest.raises(ConfigError, match="does not divide vocab_size"):
+        check_options(megatron_cfg(odd, tensor_model_parallel_size=2), 2)
+    check_options(megatron_cfg(checkpoints["qwen2"], tensor_model_parallel_size=2), 4)  # TP 2 x DP 2: fine
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="sequence_parallel: not supported without CUDA"):
+            check_options(megatron_cfg(checkpoints["qwen2"], tensor_model_parallel_size=2, sequence_parallel=True), 2)
+        with pytest.raises(ConfigError, match="apply_rope_fusion: not supported without CUDA"):
+            check_options(megatron_cfg(checkpoints["qwen2"], apply_rope_fusion=True), 1)
+
+
+# --------------------------------------------------------------------- one rank (in process)
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_logits_and_logprobs_equal_the_hf_causal_lm(checkpoints, family):
+    from transformers import AutoModelForCausalLM
+
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints[family]))
+    ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(checkpoints[family])(ids).logits
+        assert (logits_of(policy, ids) - expected).abs().max() < 1e-5
+    forward_inputs, actions = batch()
+    reference = hf_policy(checkpoints[family]).evaluate(forward_inputs, actions)
+    out = policy.evaluate(forward_inputs, actions)
+    assert out.logprobs.shape == out.entropy.shape == (6, 1, 6)
+    assert (out.logprobs - reference.logprobs).abs().max() < 1e-5
+    assert (out.entropy - reference.entropy).abs().max() < 1e-5
+    masked = forward_inputs["response_mask"][:, None] == 0
+    assert masked.any() and (out.logprobs[masked] == 0).all() and (out.logprobs[~masked] < 0).all()
+
+
+def test_bf16_logprobs_are_close_to_fp32(checkpoints):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    path = checkpoints["llama"]
+    policy = MegatronCausalLMPolicy(megatron_cfg(path, precision="bf16"))
+    assert {p.dtype for p in policy.parameters()} == {torch.bfloat16}
+    forward_inputs, actions = batch()
+    out = policy.evaluate(forward_inputs, actions)
+    assert out.logprobs.dtype == torch.float32  # scored in fp32, as causal_lm
+    assert (out.logprobs - hf_policy(path).evaluate(forward_inputs, actions).logprobs).abs().max() < 0.05
+
+
+def test_gradients_equal_the_hf_causal_lm(checkpoints):
+    """Log-prob and entropy gradients through the vocab-parallel functions equal autograd's
+    through HF's full log_softmax (the entropy's backward is written by hand)."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    path = checkpoints["qwen2"]
+    policy, reference = MegatronCausalLMPolicy(megatron_cfg(path)), hf_policy(path)
+    forward_inputs, actions = batch(seed=1)
+    for loss_of in (lambda out: out.logprobs.sum(), lambda out: out.entropy.sum()):
+        policy.zero_grad()
+        reference.zero_grad()
+        loss_of(policy.evaluate(forward_inputs, actions)).backward()
+        loss_of(reference.evaluate(forward_inputs, actions)).backward()
+        ours = _grads_in_hf_layout(policy)
+        theirs = {k.removeprefix("model."): p.grad for k, p in reference.named_parameters()}
+        for name, grad in theirs.items():
+            assert torch.allclose(ours[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def _grads_in_hf_layout(policy) -> dict[str, torch.Tensor]:
+    from policies.megatron.weights import megatron_to_hf
+
+    return megatron_to_hf([{k: p.grad for k, p in policy.model.named_parameters()}], policy.arch)
+
+
+def test_weight_sync_export_and_checkpoint_round_trips(checkpoints, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    path = checkpoints["llama"]
+    policy = MegatronCausalLMPolicy(megatron_cfg(path))
+    forward_inputs, actions = batch(seed=2)
+    train(policy, forward_inputs, actions, steps=1)  # weights that differ from the checkpoint's
+    trained = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    # weight sync: the rollout's HF policy takes the state dict as it is
+    rollout = hf_policy(path)
+    rollout.load_trainable_state_dict(policy.trainable_state_dict())
+    assert (rollout.evaluate(forward_inputs, actions).logprobs - trained).abs().max() < 1e-5
+    # export: an HF folder that from_pretrained and the causal LM policy read
+    policy.export_pretrained(tmp_path / "export")
+    exported = hf_policy(tmp_path / "export")
+    assert (exported.evaluate(forward_inputs, actions).logprobs - trained).abs().max() < 1e-5
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "export").state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in policy.hf_state_dict().items())
+    # dist_checkpointing: a fresh policy (HF weights) reads the trained ones back
+    policy.save_checkpoint(tmp_path / "ckpt")
+    fresh = MegatronCausalLMPolicy(megatron_cfg(path))
+    fresh.load_state_dict(fresh.read_checkpoint(tmp_path / "ckpt"))
+    assert torch.equal(fresh.evaluate(forward_inputs, actions).logprobs, trained)
+    again = MegatronCausalLMPolicy(megatron_cfg(path, megatron_checkpoint=str(tmp_path / "ckpt")))
+    assert torch.equal(again.evaluate(forward_inputs, actions).logprobs, trained)
+
+
+def test_a_deep_copy_is_an_independent_twin(checkpoints):
+    """The actor's KL reference is ``copy.deepcopy(policy)``."""
+    import copy
+
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"]))
+    forward_inputs, actions = batch()
+    train(policy, forward_inputs, actions, steps=1)
+    twin = copy.deepcopy(policy).requires_grad_(False)
+    trained = policy.evaluate(forward_inputs, actions).logprobs
+    assert torch.equal(twin.evaluate(forward_inputs, actions).logprobs, trained)
+    train(policy, forward_inputs, actions, steps=1)
+    assert not torch.equal(twin.evaluate(forward_inputs, actions).logprobs, policy.evaluate(forward_inputs, actions).logprobs)
+
+
+def test_reading_a_folder_that_is_no_checkpoint_fails_naming_it(checkpoints, tmp_path):
+    from core.errors import CheckpointError
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"]))
+    with pytest.raises(CheckpointError, match="not a Megatron dist_checkpointing folder"):
+        policy.read_checkpoint(tmp_path)
+
+
+# ------------------------------------------- CPU adapters: upstream still fails without each one
+def fails_at(error: pytest.ExceptionInfo, file: str, line: int) -> bool:
+    """Whether the exception passed through upstream ``file``:``line`` (the line cpu.py cites)."""
+    return any(f.filename.endswith(file) and f.lineno == line for f in traceback.extract_tb(error.tb))
+
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the adapters apply without CUDA only")
+
+
+def test_the_adapters_are_written_for_the_installed_megatron():
+    import megatron.core
+
+    from policies.megatron import cpu
+
+    assert megatron.core.__version__ == cpu.MEGATRON_VERSION
+
+
+@cpu_only
+def test_rotary_adapter(monkeypatch):
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import (
+        RotaryEmbedding,
+    )
+
+    from policies.megatron import cpu
+
+    def rotary():
+        return RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=500.0, use_cpu_initialization=True)
+
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        rotary().get_emb(12, offset=2)
+    assert fails_at(error, "rotary_pos_embedding.py", 162)
+    adapted = rotary()
+    cpu.keep_rotary_on_host(adapted)
+    with monkeypatch.context() as patch:  # upstream's own result, its CUDA device pointed at the host
+        patch.setattr(torch.cuda, "current_device", lambda: "cpu")
+        expected = rotary().get_emb(12, offset=2)
+    assert torch.equal(adapted.get_emb(12, offset=2), expected)
+
+
+@cpu_only
+def test_rng_tracker_choice():
+    """Megatron's training RNG tracker cannot even be seeded without CUDA; the inference
+    tracker that init_parallel installs seeds and forks as no-ops (dropout is 0)."""
+    from megatron.core.tensor_parallel.random import (
+        CudaRNGStatesTracker,
+        get_cuda_rng_tracker,
+    )
+
+    from policies.megatron.model import init_parallel
+
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        CudaRNGStatesTracker().add("model-parallel-rng", 1234)
+    assert fails_at(error, "tensor_parallel/random.py", 235)
+    init_parallel(1)
+    tracker = get_cuda_rng_tracker()
+    assert type(tracker).__name__ == "InferenceCudaRNGStatesTracker"
+    tracker.add("model-parallel-rng", 1234)  # neither raises
+    with tracker.fork():
+        pass
+
+
+@cpu_only
+def test_attention_buffer_adapter():
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    from policies.megatron import cpu
+
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        GlobalMemoryBuffer().get_tensor((4, 3), torch.float32, "mpu")
+    assert fails_at(error, "megatron/core/utils.py", 631)
+    buffer = cpu.host_memory_buffer()
+    big = buffer.get_tensor((4, 3), torch.float32, "mpu")
+    small = buffer.get_tensor((2, 5), torch.float32, "mpu")  # fits: the same memory, reshaped
+    assert big.shape == (4, 3) and small.shape == (2, 5) and big.data_ptr() == small.data_ptr()
+
+
+@cpu_only
+@pytest.mark.parametrize("recompute", [
+    dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+    dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=1),
+    dict(recompute_granularity="selective"),
+    None,  # actor.model.gradient_checkpointing: the actor calls enable_gradient_checkpointing()
+])
+def test_recompute_adapter(checkpoints, recompute):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    path = checkpoints["qwen2"]
+    forward_inputs, actions = batch(seed=3)
+    plain = MegatronCausalLMPolicy(megatron_cfg(path))
+    recomputed = MegatronCausalLMPolicy(megatron_cfg(path, **(recompute or {})))
+    if recompute is None:
+        assert len(recomputed.enable_gradient_checkpointing()) == 2  # both layers
+    for policy in (plain, recomputed):
+        policy.train()
+        policy.evaluate(forward_inputs, actions).logprobs.sum().backward()
+    for (name, p), q in zip(plain.named_parameters(), recomputed.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+    # upstream's recompute (set on the model's config, read at forward time) needs CUDA RNG state
+    plain.model.config.recompute_granularity, plain.model.config.recompute_method = "full", "uniform"
+    plain.model.config.recompute_num_layers = 1
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        plain.evaluate(forward_inputs, actions)
+    assert fails_at(error, "tensor_parallel/random.py", 55)
+
+
+@cpu_only
+def test_checkpoint_save_adapter(checkpoints, tmp_path):
+    import functools
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+    from megatron.core.dist_checkpointing.strategies.state_dict_saver import (
+        save_state_dict_async_finalize,
+    )
+    from megatron.core.dist_checkpointing.strategies.torch import (
+        TorchDistSaveShardedStrategy,
+    )
+
+    from policies.megatron import cpu
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    model = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"])).model
+    for name in ("upstream", "half", "adapted"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp_path / "upstream"))
+    assert fails_at(error, "filesystem_async.py", 230)
+
+    class HostStagingOnly(TorchDistSaveShardedStrategy):  # the adapter's first half alone
+        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret):
+            save_fn, _, args = writer.get_save_function_and_args()
+            return AsyncRequest(save_fn, args, [functools.partial(save_state_dict_async_finalize, *save_state_dict_ret)],
+                                preload_fn=functools.partial(writer.preload_tensors, writer.write_buckets, False))
+
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as error:
+        dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp_path / "half"),
+                                sharded_strategy=HostStagingOnly("torch_dist", 1))
+    assert fails_at(error, "state_dict_saver.py", 252)
+    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp_path / "adapted"),
+                            sharded_strategy=cpu.host_save_strategy())
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(tmp_path / "adapted"))["model"]
+    assert all(torch.equal(loaded[k], p) for k, p in model.named_parameters())
+
+
+# ------------------------------------------------------------ two ranks (spawned, real gloo)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(target, folder: Path, *args, ranks: int = 2, timeout: float = 300.0) -> list:
+    """Run ``target(rank, folder, *args)`` on ``ranks`` spawned processes of one gloo group; their
+    return values, or a failure with the first rank's traceback (or a timeout: nothing hangs)."""
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [context.Process(target=_rank, args=(target, rank, ranks, port, folder, args)) for rank in range(ranks)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    if any(p.is_alive() for p in procs):
+        for p in procs:
+            p.kill()
+            p.join()
+        pytest.fail(f"the {ranks} ranks did not finish in {timeout:.0f} s")
+    for rank, p in enumerate(procs):
+        if p.exitcode != 0:
+            error = folder / f"error{rank}.txt"
+            pytest.fail(f"rank {rank} exited with {p.exitcode}:\n{error.read_text() if error.exists() else ''}")
+    return [torch.load(folder / f"result{rank}.pt", weights_only=False) for rank in range(ranks)]
+
+
+def _rank(target, rank: int, ranks: int, port: int, folder: Path, args: tuple) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    try:
+        torch.save(target(rank, folder, *args), folder / f"result{rank}.pt")
+    except BaseException:
+        (folder / f"error{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
+    """On each of 2 ranks: TP 2 (both families), then TP 1 x DP 2; what the tests compare."""
+    from megatron.core import parallel_state
+    from transformers import AutoModelForCausalLM
+
+    from policies.megatron import training
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    out: dict = {}
+    forward_inputs, actions = batch()
+    ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(5))
+    for family, path in checkpoints.items():
+        policy = MegatronCausalLMPolicy(megatron_cfg(path, tensor_model_parallel_size=2))
+        hf = AutoModelForCausalLM.from_pretrained(path)
+        with torch.no_grad():
+            half = VOCAB // 2  # this rank's slice of the vocabulary
+            expected = hf(ids).logits[..., rank * half:(rank + 1) * half]
+            out[f"{family}/logits_error"] = float((logits_of(policy, ids) - expected).abs().max())
+        synced = policy.trainable_state_dict()
+        out[f"{family}/sync_exact"] = all(torch.equal(synced["model." + k], v) for k, v in hf.state_dict().items())
+        out[f"{family}/logprobs"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    out["tp2_layout"] = training.data_parallel_size(), training.share_across_tensor_parallel(f"rank {rank}'s")
+    # training on one batch, a checkpoint with the optimizer, one more step after it
+    out["losses"], out["norms"], optimizer = train(policy, forward_inputs, actions)
+    out["trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    policy.save_checkpoint(folder / "tp2", optimizer)
+    out["after_resume"] = train(policy, forward_inputs, actions, steps=1, optimizer=optimizer)[0]
+    # TP 1 x DP 2: each rank trains on its half of the batch
+    parallel_state.destroy_model_parallel()
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"]))
+    out["dp2_layout"] = training.data_parallel_rank(), training.data_parallel_size()
+    mine = slice(rank * 3, rank * 3 + 3)
+    train(policy, {k: v[mine] for k, v in forward_inputs.items()}, actions[mine])
+    out["data_parallel_trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(checkpoints, tmp_path_factory) -> tuple[list[dict], Path]:
+    folder = tmp_path_factory.mktemp("two_ranks")
+    return spawn(_two_ranks, folder, checkpoints), folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_tensor_parallel_forward_equals_hf_and_one_rank(two_ranks, checkpoints, family):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, _ = two_ranks
+    for rank in results:
+        assert rank[f"{family}/logits_error"] < 1e-5  # each rank's vocabulary slice of HF's logits
+        assert rank[f"{family}/sync_exact"]  # gathered over TP into HF names: the very weights
+    one = MegatronCausalLMPolicy(megatron_cfg(checkpoints[family])).evaluate(*batch()).logprobs
+    assert all((rank[f"{family}/logprobs"] - one).abs().max() < 1e-5 for rank in results)
+
+
+@pytest.mark.slow
+def test_training_at_tensor_parallel_2_equals_one_rank(two_ranks, checkpoints):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, _ = two_ranks
+    # TP 2: one replica, whose ranks share TP rank 0's batch; TP 1 on 2 ranks: 2 replicas
+    assert [rank["tp2_layout"] for rank in results] == [(1, "rank 0's")] * 2
+    assert [rank["dp2_layout"] for rank in results] == [(0, 2), (1, 2)]
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"]))
+    forward_inputs, actions = batch()
+    losses, norms, _ = train(policy, forward_inputs, actions)
+    assert losses[-1] < losses[0]
+    for rank in results:
+        assert rank["losses"] == pytest.approx(losses, rel=1e-5)
+        assert rank["norms"] == pytest.approx(norms, rel=1e-5)
+        assert norms[0] > CLIP  # the clip acted
+    # data parallel: two halves of the batch, gradients averaged, equal the whole batch on one rank
+    trained = policy.evaluate(forward_inputs, actions).logprobs
+    assert all((rank["data_parallel_trained"] - trained).abs().max() < 1e-5 for rank in results)
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_at_tensor_parallel_2_resumes_at_1(two_ranks, checkpoints):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, folder = two_ranks
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"]))
+    policy.load_state_dict(policy.read_checkpoint(folder / "tp2"))
+    forward_inputs, actions = batch()
+    assert (policy.evaluate(forward_inputs, actions).logprobs - results[0]["trained"]).abs().max() < 1e-5
+    optimizer = torch.optim.Adam(policy.parameters(), lr=LR)
+    policy.load_optimizer(optimizer, folder / "tp2")  # Adam's moments, resharded like the weights
+    after = train(policy, forward_inputs, actions, steps=1, optimizer=optimizer)[0]
+    assert after == pytest.approx(results[0]["after_resume"], rel=1e-5)
