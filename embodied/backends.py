@@ -1,4 +1,5 @@
-"""How the actor distributes, steps and saves its policy: ``actor.training_backend``.
+"""The backends: how the actor distributes, steps and saves its policy (``actor.training_backend``),
+and what generates the rollouts (``rollout.backend``).
 
 - ``fsdp``: the model's policy class sharded with FSDP2 (``fully_shard``) over every actor rank,
   data parallel: each rank trains on its own samples, gradients are reduced in the backward pass.
@@ -8,8 +9,13 @@
   a tensor-parallel group train on the same samples, gradients are averaged over the data-parallel
   replicas after the last backward and clipped counting each shard once.
 
-Each backend gives the actor the same few steps (``build``, ``wrap``, ``micro_batch``,
+Each training backend gives the actor the same few steps (``build``, ``wrap``, ``micro_batch``,
 ``clip_gradients``, ``save``, ``load``), and the config layer the keys it does not read.
+
+Rollouts: ``huggingface`` runs the model's own policy class (``generate`` for the causal LM); a
+serving engine (``vllm``, ``sglang``) is the model registry's ``rollout`` class for it, which takes
+the same weights (``build_rollout_policy``); the reference's generation-engine keys are read by
+the engine that has them with the same meaning (its ``rollout_keys``) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +44,13 @@ from policies.base import Policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.training_backend", "actor.model.tensor_model_parallel_size",
-               "actor.megatron.distributed_backend", "actor.megatron.distributed_timeout_minutes")
+               "actor.megatron.distributed_backend", "actor.megatron.distributed_timeout_minutes",
+               "rollout.backend")
+# The reference's generation-engine options (rollout.<key>): read by an engine that has them,
+# refused by the others and without one
+ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "distributed_executor_backend", "disable_log_stats",
+               "attention_backend", "tensor_parallel_size", "pipeline_parallel_size", "sglang_decode_log_interval",
+               "max_running_requests", "cuda_graph_max_bs", "use_torch_compile", "torch_compile_max_bs")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 OPTIMIZER_FILE = "optimizer.pt"
@@ -182,4 +194,47 @@ def check(cfg: Any, actor_ranks: int) -> None:
 
 
 def unread_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
-    return BACKENDS.get(cfg.actor.training_backend).unread_keys(cfg)
+    """The keys this config's backends do not read, with why."""
+    return BACKENDS.get(cfg.actor.training_backend).unread_keys(cfg) | rollout_unread_keys(cfg)
+
+
+def build_rollout_policy(cfg: Any, cpu_threads: int | None = None) -> Policy:
+    """What a rollout worker acts with: the model's policy (``rollout.backend: huggingface``), or
+    the serving engine the model registry names for the backend, started on the same weights
+    (``cpu_threads``: the worker's CPU slots, on a machine without GPUs)."""
+    backend = cfg.rollout.backend
+    if backend == "huggingface":
+        return build_policy(cfg.actor.model)
+    from omegaconf import OmegaConf
+
+    from embodied import schema
+
+    options = OmegaConf.to_container(cfg.actor.model, resolve=True)
+    schema.check(options, "actor.model.", options["model_type"])
+    engine = load(POLICIES.declared(options["model_type"])["rollout"][backend])
+    return engine(options, OmegaConf.to_container(cfg.rollout, resolve=True), cpu_threads=cpu_threads)
+
+
+def check_rollout(cfg: Any) -> None:
+    """The model has an engine for ``rollout.backend``, and the engine can run on this machine."""
+    backend, model_type = cfg.rollout.backend, cfg.actor.model.model_type
+    if backend == "huggingface":
+        return
+    engines = POLICIES.declared(model_type)["rollout"]
+    if backend not in engines:
+        raise ConfigError(f"rollout.backend = {backend!r}: expected {' or '.join(['huggingface', *engines])} with "
+                          f"model_type {model_type}")
+    why = load(engines[backend]).unavailable()
+    if why:
+        raise ConfigError(f"rollout.backend = {backend!r}: not supported here, because {why}")
+
+
+def rollout_unread_keys(cfg: Any) -> dict[str, str]:
+    """The engine keys this config's rollout backend does not read, with why."""
+    backend = cfg.rollout.backend
+    if backend == "huggingface":
+        return {f"rollout.{key}": "rollout.backend is huggingface (a generation-engine option)" for key in ENGINE_KEYS}
+    engines = POLICIES.declared(cfg.actor.model.model_type)["rollout"]
+    if backend not in engines:  # no such engine for this model: check_rollout says so
+        return {}
+    return {f"rollout.{key}": why for key, why in load(engines[backend]).refused_rollout_keys.items()}

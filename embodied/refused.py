@@ -69,8 +69,6 @@ MEGATRON_NEVER: dict[str, str] = {
                                           "CUDA, NCCL and TransformerEngine userbuffers",
 }
 FSDP1 = "an FSDP1 option, because the actor runs FSDP2 (fully_shard)"
-ENGINE = ("a generation-engine option (SGLang, vLLM), because generation runs on Hugging Face "
-          "generate here (rollout.backend)")
 PER_GPU = ("per-device batch sizes, because training micro-batches are actor.micro_batch_size samples "
            "and rollouts run whole env stages")
 REFUSED: dict[str, str] = {
@@ -94,20 +92,6 @@ REFUSED: dict[str, str] = {
     "rollout.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
     "rollout.model": "a rollout model of its own, because rollout workers run actor.model with the "
                      "weights the actor syncs every step",
-    "rollout.backend": "engines other than huggingface, because SGLang and vLLM need CUDA and have no "
-                       "adapter here (generation runs on Hugging Face generate)",
-    "rollout.gpu_memory_utilization": ENGINE,
-    "rollout.enforce_eager": ENGINE,
-    "rollout.distributed_executor_backend": ENGINE,
-    "rollout.disable_log_stats": ENGINE,
-    "rollout.attention_backend": ENGINE + "; the policy's attention is actor.model.attn_implementation",
-    "rollout.tensor_parallel_size": ENGINE,
-    "rollout.pipeline_parallel_size": ENGINE,
-    "rollout.sglang_decode_log_interval": ENGINE,
-    "rollout.max_running_requests": ENGINE,
-    "rollout.cuda_graph_max_bs": ENGINE,
-    "rollout.use_torch_compile": ENGINE,
-    "rollout.torch_compile_max_bs": ENGINE,
     "rollout.detokenize": "detokenized rollouts, because the text env decodes responses itself "
                           "(validation samples go to samples.jsonl in runner.logger.log_path)",
     "rollout.print_outputs": "printing rollouts, because validation samples go to samples.jsonl in "

@@ -70,6 +70,9 @@ class Runner:
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
         self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
         self.shared_reset_states = shared_reset_states(cfg)  # for the eval reports
+        # a serving engine's weights are checked after every sync, on responses of the first rollout
+        self.check_sync = cfg.rollout.backend != "huggingface"
+        self.probe: dict[str, Any] | None = None
         self.step, self.env_steps = 0, 0
 
     # ---------------------------------------------------------------- training
@@ -108,9 +111,8 @@ class Runner:
         return summary | self._totals()
 
     def train_step(self) -> dict[str, float]:
-        metrics: dict[str, float] = {}
         tic = time.monotonic()
-        self.sync_weights()
+        metrics = self.sync_weights()
         metrics["time/sync"] = time.monotonic() - tic
 
         tic = time.monotonic()
@@ -124,6 +126,8 @@ class Runner:
         update = None if self._offloads(self.actor) else self._update()
         env_metrics = [_merge_ranks(call.wait()) for call in calls]
         metrics["time/rollout"] = time.monotonic() - tic
+        if self.check_sync and self.probe is None:
+            self.probe = self.rollout.execute("probe_batch").wait()[0]
         metrics.update(_mean_dicts(env_metrics))
         steps = sum(m["train/env_steps"] for m in env_metrics)
         self.env_steps += int(steps)
@@ -139,10 +143,18 @@ class Runner:
     def _update(self) -> GroupCall:
         return self.actor.execute("update", self.step, self.pieces_per_actor * self.cfg.algorithm.rollout_epoch)
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> dict[str, float]:
+        """The actor's weights into the rollout workers; with a serving engine, then checked: the
+        engine's log-probs of the probe must be the actor's (``rollout/sync_logprob_gap``)."""
         self._turn(self.actor, self.rollout)
         weights = self.actor.execute_in_store("get_weights").wait()[0][0]  # rank 0's, by reference
         self.rollout.execute("set_weights", weights).wait()
+        if not (self.check_sync and self.probe):
+            return {}
+        tic = time.monotonic()
+        logprobs = self.actor.execute("probe_logprobs", self.probe).wait()[0]
+        gap = max(self.rollout.execute("check_sync", self.probe, logprobs, self.step).wait())
+        return {"rollout/sync_logprob_gap": gap, "time/sync_check": time.monotonic() - tic}
 
     def _turn(self, *running: WorkerGroup) -> None:
         """The next phase runs these groups: an idle one with ``<role>.enable_offload`` frees its

@@ -63,6 +63,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
 
     plan = _placement(cfg)
     backends.check(cfg, plan.world_size("actor"))
+    backends.check_rollout(cfg)
     _training_options(cfg, plan.accelerator)
     groups, who = _actor_groups(cfg, plan)
     per_step = cfg.actor.micro_batch_size * groups

@@ -8,10 +8,13 @@ from core.registry import Registry
 
 # Declared per model, read without importing it: task_type, the runner.task_type (and so the envs)
 # it acts in; training, its classes for actor.training_backend other than fsdp (which trains the
-# entry's own class), e.g. a Megatron-Core model whose weights sync into the entry's class.
-POLICIES = Registry("model type", "actor.model.model_type", task_type="embodied", training={})
+# entry's own class), e.g. a Megatron-Core model whose weights sync into the entry's class;
+# rollout, its classes for rollout.backend other than huggingface (the entry's own class), e.g. a
+# generation engine that takes the entry's weights.
+POLICIES = Registry("model type", "actor.model.model_type", task_type="embodied", training={}, rollout={})
 POLICIES.add("causal_lm", "policies.causal_lm:CausalLMPolicy", task_type="math",
-             training={"megatron": "policies.megatron.policy:MegatronCausalLMPolicy"})
+             training={"megatron": "policies.megatron.policy:MegatronCausalLMPolicy"},
+             rollout={"vllm": "policies.engines.vllm:VLLMCausalLM", "sglang": "policies.engines.sglang:SGLangCausalLM"})
 POLICIES.add("cnn", "policies.cnn:CNNPolicy")
 POLICIES.add("mlp", "policies.mlp:MLPPolicy")
 POLICIES.add("openvla_oft", "policies.openvla_oft:OpenVLAOFTPolicy")

@@ -154,6 +154,14 @@ class Policy(nn.Module, ABC):
     def forward(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
         return self.evaluate(forward_inputs, actions)
 
+    @torch.no_grad()
+    def probe_logprobs(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> Tensor:
+        """Per-token log-probs of stored ``actions`` under the model itself (no sampling
+        temperature), as CPU floats: what two copies of the same weights (the actor's, a
+        rollout engine's) must agree on after a weight sync."""
+        self.eval()
+        return self(forward_inputs, actions).logprobs.float().cpu()  # through forward: FSDP's hooks fire
+
     def shard_units(self) -> list[nn.Module]:
         """Modules an FSDP actor shards one by one before the policy itself (a large model's
         blocks); none by default: the whole policy is one unit."""

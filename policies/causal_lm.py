@@ -164,6 +164,15 @@ class CausalLMPolicy(Policy):
         return EvaluateOutput(logprobs, entropy, None)
 
 
+    @torch.no_grad()
+    def probe_logprobs(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> Tensor:
+        """At temperature 1 (engines report prompt log-probs before any temperature)."""
+        saved, self.temperature = self.temperature, 1.0
+        try:
+            return super().probe_logprobs(forward_inputs, actions)
+        finally:
+            self.temperature = saved
+
     def save_checkpoint(self, path: str | Path) -> None:
         """With LoRA the adapter alone, in peft's layout (collective under FSDP2, rank 0 writes)."""
         from peft import PeftModel

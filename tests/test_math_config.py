@@ -34,11 +34,27 @@ def test_gpu_config_requires_a_model(capsys):
     assert code == 2 and "actor.model.model_path = None" in err
 
 
-@pytest.mark.parametrize("backend", ["sglang", "vllm"])
-def test_generation_engines_are_refused_by_key(tiny_math, capsys, backend):
-    code, _, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, f"rollout.backend={backend}"))
+def test_the_vllm_variant_dry_runs_and_sglang_is_refused_here(tiny_math, capsys):
+    code, out, err = _run(capsys, "math_grpo_tiny_vllm", _args(tiny_math))
+    assert code == 0, err
+    code, _, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, "rollout.backend=sglang"))
     assert code == 2 and err.count("\n") == 1
-    assert "rollout.backend: not supported: engines other than huggingface, because SGLang and vLLM need CUDA" in err
+    assert "rollout.backend = 'sglang': not supported here, because SGLang needs a CUDA GPU" in err
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("math_grpo_tiny", "rollout.gpu_memory_utilization=0.9",
+     "rollout.gpu_memory_utilization: not supported here, because rollout.backend is huggingface"),
+    ("math_grpo_tiny_vllm", "rollout.attention_backend=fa3",
+     "rollout.attention_backend: not supported here, because choosing the attention kernel"),
+    ("math_grpo_tiny_vllm", "rollout.enable_offload=true", "rollout.enable_offload: not supported here, because "
+                                                            "offloading the engine"),
+    ("maniskill_ppo_mlp", "rollout.backend=vllm", "rollout.backend = 'vllm': expected huggingface with model_type mlp"),
+])
+def test_engine_options_are_read_by_the_engine_that_has_them(tiny_math, capsys, config, override, message):
+    args = _args(tiny_math, override) if config.startswith("math") else ["--dry-run", override]
+    code, _, err = _run(capsys, config, args)
+    assert code == 2 and message in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("content, message", [
@@ -107,8 +123,9 @@ def test_megatron_backend_dry_runs(tiny_math, capsys):
 
 
 @pytest.mark.parametrize("config, override, message", [
-    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.tensor_model_parallel_size=2",
-     "actor.model.tensor_model_parallel_size=2 does not divide vocab_size"),
+    ("math_grpo_tiny",
+     "actor.training_backend=megatron actor.model.tensor_model_parallel_size=8 cluster.num_gpus_per_node=8",
+     "actor.model.tensor_model_parallel_size=8 does not divide num_attention_heads"),
     ("math_grpo_tiny", "actor.training_backend=megatron actor.model.tensor_model_parallel_size=3",
      "actor.model.tensor_model_parallel_size=3 does not divide the actor's world size (2)"),
     ("math_grpo_tiny", "actor.training_backend=megatron actor.model.is_lora=true",

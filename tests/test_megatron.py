@@ -6,7 +6,8 @@ without its adapter).
 
 Tiny Qwen2 (grouped-query attention, QKV biases, untied embeddings) and Llama (tied embeddings,
 a head size that is not hidden / heads, Llama 3 rope scaling) models are built from configs with
-random weights; in-process tests run Megatron on a one-process gloo group."""
+random weights, each also with an odd vocabulary (tiny_lm's 15 tokens), which tensor parallel 2
+pads to 16 rows; in-process tests run Megatron on a one-process gloo group."""
 
 from __future__ import annotations
 
@@ -24,14 +25,18 @@ pytestmark = pytest.mark.timeout(600)  # a checkpoint saver without psutil hangs
 from core.errors import ConfigError
 
 VOCAB = 64
+ODD_VOCAB = 15  # tiny_lm's character vocabulary: not a multiple of the TP size 2
+ODD = ("qwen2_odd", "llama_odd")  # the checkpoints with ODD_VOCAB (untied and tied embeddings)
+VOCAB_SPLIT = ("embedding.word_embeddings.weight", "output_layer.weight")  # padded to a multiple of TP
 STEPS = 3  # optimizer steps of the training comparisons
 LR = 1e-2
 CLIP = 1.0
 
 
 # ----------------------------------------------------------------------------- tiny checkpoints
-def make_checkpoint(folder: Path, family: str) -> Path:
-    """A random HF checkpoint folder of ``family`` with a character tokenizer."""
+def make_checkpoint(folder: Path, family: str, vocab: int = VOCAB) -> Path:
+    """A random HF checkpoint folder of ``family`` with a character tokenizer (the model's
+    ``vocab`` may be smaller than the tokenizer's: the tests draw token ids below it)."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -46,11 +51,11 @@ def make_checkpoint(folder: Path, family: str) -> Path:
     torch.manual_seed({"qwen2": 0, "llama": 1}[family])
     if family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, **ids))
     else:
         model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=16384, tie_word_embeddings=True,
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8192}, **ids))
@@ -58,7 +63,7 @@ def make_checkpoint(folder: Path, family: str) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.normal_(1.0 if "norm" in name else 0.0, 0.2)
-    path = folder / family
+    path = folder / (family if vocab == VOCAB else f"{family}_odd")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -80,7 +85,12 @@ def one_process_group():
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("megatron")
-    return {family: make_checkpoint(root, family) for family in ("qwen2", "llama")}
+    even = {family: make_checkpoint(root, family) for family in ("qwen2", "llama")}
+    return {**even, **{f"{family}_odd": make_checkpoint(root, family, ODD_VOCAB) for family in even}}
+
+
+def vocab_of(name: str) -> int:
+    return ODD_VOCAB if name in ODD else VOCAB
 
 
 def megatron_cfg(path: Path, **over) -> dict:
@@ -105,17 +115,17 @@ def hf_policy(path: Path):
     return CausalLMPolicy(cfg)
 
 
-def batch(seed: int = 0, size: int = 6) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def batch(seed: int = 0, size: int = 6, vocab: int = VOCAB) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Left-padded prompts (padding 0..5 tokens), responses with masks of different lengths."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (size, 8), generator=g)
+    ids = torch.randint(2, vocab, (size, 8), generator=g)
     mask = torch.ones_like(ids)
     response_mask = torch.ones(size, 6)
     for row in range(size):
         pad = row % 6
         ids[row, :pad], mask[row, :pad] = 0, 0
         response_mask[row, 6 - row % 4:] = 0
-    actions = torch.randint(2, VOCAB, (size, 1, 6), generator=g)
+    actions = torch.randint(2, vocab, (size, 1, 6), generator=g)
     return {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}, actions
 
 
@@ -150,18 +160,19 @@ def train(policy, forward_inputs, actions, steps: int = STEPS, optimizer=None):
 
 
 # ------------------------------------------------------------------------- weight mapping (pure)
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_weight_mapping_splits_and_gathers_back_exactly(checkpoints, family):
+@pytest.mark.parametrize("name", ["qwen2", "llama", *ODD])
+def test_weight_mapping_splits_and_gathers_back_exactly(checkpoints, name):
     from transformers import AutoModelForCausalLM
 
     from policies.megatron.weights import (
         hf_to_megatron,
         megatron_to_hf,
+        padded_vocab_size,
         read_architecture,
     )
 
-    arch = read_architecture(checkpoints[family])
-    hf = AutoModelForCausalLM.from_pretrained(checkpoints[family]).state_dict()
+    arch = read_architecture(checkpoints[name])
+    hf = AutoModelForCausalLM.from_pretrained(checkpoints[name]).state_dict()
     shards = [hf_to_megatron(hf, arch, rank, 2) for rank in range(2)]
     qkv = shards[0]["decoder.layers.0.self_attention.linear_qkv.weight"]
     # rank 0 holds the first of the two key/value groups: its query heads, then k_0, then v_0
@@ -170,8 +181,14 @@ def test_weight_mapping_splits_and_gathers_back_exactly(checkpoints, family):
     assert torch.equal(qkv[:per_group], query[:per_group])
     assert torch.equal(qkv[per_group:per_group + arch.head_dim], key[:arch.head_dim])
     back = megatron_to_hf(shards, arch)
-    assert set(back) == set(hf) and all(torch.equal(back[name], hf[name]) for name in hf)
-    assert ("output_layer.weight" in shards[0]) == (family == "qwen2")  # tied embeddings: no output layer
+    assert set(back) == set(hf) and all(torch.equal(back[key], hf[key]) for key in hf)
+    assert ("output_layer.weight" in shards[0]) == name.startswith("qwen2")  # tied embeddings: no output layer
+    # the vocabulary: HF's rows, then zero rows up to a multiple of the TP size (16 for 15 tokens)
+    assert padded_vocab_size(vocab_of(name), 2) == (16 if name in ODD else VOCAB)
+    for key in VOCAB_SPLIT:
+        if key in shards[0]:
+            rows = torch.cat([shard[key] for shard in shards])
+            assert rows.shape[0] == padded_vocab_size(arch.vocab_size, 2) and not rows[arch.vocab_size:].any()
 
 
 def test_unmapped_families_and_features_are_refused(tmp_path):
@@ -211,19 +228,11 @@ def test_bad_options_are_refused_naming_the_key(checkpoints, over, world, messag
         check_options(megatron_cfg(checkpoints["qwen2"], **over), world)
 
 
-def test_vocabulary_and_cpu_only_options_are_refused(checkpoints, tmp_path):
-    import json
-
+def test_cpu_only_options_are_refused(checkpoints):
     from policies.megatron import check_options
 
-    odd = tmp_path / "odd"
-    odd.mkdir()
-    config = json.loads((checkpoints["qwen2"] / "config.json").read_text())
-    (odd / "config.json").write_text(json.dumps({**config, "vocab_size": 63, "num_attention_heads": 2,
-                                                 "num_key_value_heads": 2}))
-    with pytest.raises(ConfigError, match="does not divide vocab_size"):
-        check_options(megatron_cfg(odd, tensor_model_parallel_size=2), 2)
     check_options(megatron_cfg(checkpoints["qwen2"], tensor_model_parallel_size=2), 4)  # TP 2 x DP 2: fine
+    check_options(megatron_cfg(checkpoints["qwen2_odd"], tensor_model_parallel_size=2), 2)  # vocabulary padded
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="sequence_parallel: not supported without CUDA"):
             check_options(megatron_cfg(checkpoints["qwen2"], tensor_model_parallel_size=2, sequence_parallel=True), 2)
@@ -539,29 +548,88 @@ def _rank(target, rank: int, ranks: int, port: int, folder: Path, args: tuple) -
         dist.destroy_process_group()
 
 
+def tensor_parallel_shards(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """``tensors`` (this rank's, by Megatron name) as every rank of the tensor-parallel group holds
+    them, ``[rank 0's, rank 1's, ...]``: what ``megatron_to_hf`` takes."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size(group))]
+    for key, tensor in tensors.items():
+        parts = [torch.empty_like(tensor) for _ in shards]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        for shard, part in zip(shards, parts):
+            shard[key] = part
+    return shards
+
+
+def vocab_padding(shards: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """The rows past ``ODD_VOCAB`` of the vocab-split tensors in ``shards``, in one tensor."""
+    return torch.cat([torch.cat([shard[key] for shard in shards])[ODD_VOCAB:]
+                      for key in VOCAB_SPLIT if key in shards[0]])
+
+
+def weights_of(policy) -> dict[str, torch.Tensor]:
+    return {k: p.detach() for k, p in policy.model.named_parameters()}
+
+
+def probe_loss(out) -> torch.Tensor:
+    """Log-probs and entropy weighed alike, so that both backwards show in the gradients."""
+    return out.logprobs.sum() + out.entropy.sum()
+
+
 def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
-    """On each of 2 ranks: TP 2 (both families), then TP 1 x DP 2; what the tests compare."""
+    """On each of 2 ranks: TP 2 (every checkpoint; the odd vocabularies also train, save, export
+    and start from a TP 1 checkpoint), then TP 1 x DP 2; what the tests compare."""
     from megatron.core import parallel_state
     from transformers import AutoModelForCausalLM
 
     from policies.megatron import training
     from policies.megatron.policy import MegatronCausalLMPolicy
+    from policies.megatron.weights import megatron_to_hf
 
     out: dict = {}
-    forward_inputs, actions = batch()
-    ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(5))
-    for family, path in checkpoints.items():
-        policy = MegatronCausalLMPolicy(megatron_cfg(path, tensor_model_parallel_size=2))
+    policies = {}
+    for name, path in checkpoints.items():
+        vocab = vocab_of(name)
+        policy = policies[name] = MegatronCausalLMPolicy(megatron_cfg(path, tensor_model_parallel_size=2))
         hf = AutoModelForCausalLM.from_pretrained(path)
+        ids = torch.randint(0, vocab, (3, 12), generator=torch.Generator().manual_seed(5))
         with torch.no_grad():
-            half = VOCAB // 2  # this rank's slice of the vocabulary
-            expected = hf(ids).logits[..., rank * half:(rank + 1) * half]
-            out[f"{family}/logits_error"] = float((logits_of(policy, ids) - expected).abs().max())
-        synced = policy.trainable_state_dict()
-        out[f"{family}/sync_exact"] = all(torch.equal(synced["model." + k], v) for k, v in hf.state_dict().items())
-        out[f"{family}/logprobs"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+            logits = logits_of(policy, ids)  # this rank's slice of the padded vocabulary
+            first = rank * logits.shape[-1]
+            expected = hf(ids).logits[..., first:first + logits.shape[-1]]  # no padding column
+            out[f"{name}/logits_error"] = float((logits[..., :expected.shape[-1]] - expected).abs().max())
+        synced, weights = policy.trainable_state_dict(), hf.state_dict()
+        out[f"{name}/sync_exact"] = (synced.keys() == {"model." + k for k in weights}
+                                     and all(torch.equal(synced["model." + k], v) for k, v in weights.items()))
+        evaluated = policy.evaluate(*batch(vocab=vocab))
+        out[f"{name}/logprobs"], out[f"{name}/entropy"] = evaluated.logprobs.detach(), evaluated.entropy.detach()
     out["tp2_layout"] = training.data_parallel_size(), training.share_across_tensor_parallel(f"rank {rank}'s")
+    # odd vocabularies: gradients, then training, a checkpoint with the optimizer, an export, one more step
+    forward_inputs, actions = batch(vocab=ODD_VOCAB)
+    for name in ODD:
+        policy = policies[name]
+        probe_loss(policy.evaluate(forward_inputs, actions)).backward()
+        grads = tensor_parallel_shards({k: p.grad for k, p in policy.model.named_parameters()})
+        out[f"{name}/grads"] = megatron_to_hf(grads, policy.arch, policy.model.uses_fused_norms)
+        out[f"{name}/padding_grads"] = vocab_padding(grads)
+        _, _, optimizer = train(policy, forward_inputs, actions)
+        out[f"{name}/padding"] = vocab_padding(tensor_parallel_shards(weights_of(policy)))
+        out[f"{name}/trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+        out[f"{name}/trained_hf"] = policy.hf_state_dict()
+        policy.save_checkpoint(folder / f"{name}_tp2", optimizer)
+        policy.export_pretrained(folder / f"{name}_export")
+        out[f"{name}/after_resume"] = train(policy, forward_inputs, actions, steps=1, optimizer=optimizer)[0]
+    # the test process's TP 1 checkpoint (15 rows) starts TP 2 (16 rows)
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama_odd"], tensor_model_parallel_size=2,
+                                                 megatron_checkpoint=str(folder / "llama_odd_tp1")))
+    out["from_tp1"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    out["from_tp1_padding"] = vocab_padding(tensor_parallel_shards(weights_of(policy)))
     # training on one batch, a checkpoint with the optimizer, one more step after it
+    policy = policies["llama"]
+    forward_inputs, actions = batch()
     out["losses"], out["norms"], optimizer = train(policy, forward_inputs, actions)
     out["trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
     policy.save_checkpoint(folder / "tp2", optimizer)
@@ -578,21 +646,33 @@ def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(checkpoints, tmp_path_factory) -> tuple[list[dict], Path]:
+    """The two ranks' results and folder, which also holds a TP 1 checkpoint of trained weights
+    (written here first) that the ranks start TP 2 from."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
     folder = tmp_path_factory.mktemp("two_ranks")
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama_odd"]))
+    train(policy, *batch(vocab=ODD_VOCAB), steps=1)
+    policy.save_checkpoint(folder / "llama_odd_tp1")
     return spawn(_two_ranks, folder, checkpoints), folder
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_tensor_parallel_forward_equals_hf_and_one_rank(two_ranks, checkpoints, family):
+@pytest.mark.parametrize("name", ["qwen2", "llama", *ODD])
+def test_tensor_parallel_forward_equals_hf_and_one_rank(two_ranks, checkpoints, name):
     from policies.megatron.policy import MegatronCausalLMPolicy
 
     results, _ = two_ranks
     for rank in results:
-        assert rank[f"{family}/logits_error"] < 1e-5  # each rank's vocabulary slice of HF's logits
-        assert rank[f"{family}/sync_exact"]  # gathered over TP into HF names: the very weights
-    one = MegatronCausalLMPolicy(megatron_cfg(checkpoints[family])).evaluate(*batch()).logprobs
-    assert all((rank[f"{family}/logprobs"] - one).abs().max() < 1e-5 for rank in results)
+        assert rank[f"{name}/logits_error"] < 1e-5  # each rank's vocabulary slice of HF's logits
+        assert rank[f"{name}/sync_exact"]  # gathered over TP into HF names and shapes: the very weights
+    forward_inputs, actions = batch(vocab=vocab_of(name))
+    one = MegatronCausalLMPolicy(megatron_cfg(checkpoints[name])).evaluate(forward_inputs, actions).logprobs
+    reference = hf_policy(checkpoints[name]).evaluate(forward_inputs, actions)
+    for rank in results:
+        assert (rank[f"{name}/logprobs"] - one).abs().max() < 1e-5
+        assert (rank[f"{name}/logprobs"] - reference.logprobs).abs().max() < 1e-5
+        assert (rank[f"{name}/entropy"] - reference.entropy).abs().max() < 1e-5
 
 
 @pytest.mark.slow
@@ -617,6 +697,25 @@ def test_training_at_tensor_parallel_2_equals_one_rank(two_ranks, checkpoints):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ODD)
+def test_odd_vocabulary_gradients_at_tensor_parallel_2_equal_one_rank(two_ranks, checkpoints, name):
+    """The padded vocabulary's rows get no gradient and stay zero through training; the real
+    rows' gradients are one rank's."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, _ = two_ranks
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints[name]))
+    probe_loss(policy.evaluate(*batch(vocab=ODD_VOCAB))).backward()
+    grads = _grads_in_hf_layout(policy)
+    for rank in results:
+        assert rank[f"{name}/padding_grads"].numel() > 0 and not rank[f"{name}/padding_grads"].any()
+        assert not rank[f"{name}/padding"].any()
+        assert rank[f"{name}/grads"].keys() == grads.keys()
+        for key, grad in grads.items():
+            assert torch.allclose(rank[f"{name}/grads"][key], grad, atol=1e-5, rtol=1e-4), key
+
+
+@pytest.mark.slow
 def test_checkpoint_saved_at_tensor_parallel_2_resumes_at_1(two_ranks, checkpoints):
     from policies.megatron.policy import MegatronCausalLMPolicy
 
@@ -629,3 +728,43 @@ def test_checkpoint_saved_at_tensor_parallel_2_resumes_at_1(two_ranks, checkpoin
     policy.load_optimizer(optimizer, folder / "tp2")  # Adam's moments, resharded like the weights
     after = train(policy, forward_inputs, actions, steps=1, optimizer=optimizer)[0]
     assert after == pytest.approx(results[0]["after_resume"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ODD)
+def test_odd_vocabulary_export_and_checkpoint_at_tensor_parallel_2_keep_hf_shapes(two_ranks, checkpoints, name):
+    """Trained at TP 2 (16 vocabulary rows): the export is an HF folder of the 15-row weights,
+    and the checkpoint loads at TP 1 (15 rows) with its weights and Adam's moments."""
+    from transformers import AutoModelForCausalLM
+
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, folder = two_ranks
+    trained = results[0][f"{name}/trained_hf"]
+    shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_pretrained(checkpoints[name]).state_dict().items()}
+    assert {k: v.shape for k, v in trained.items()} == shapes
+    exported = AutoModelForCausalLM.from_pretrained(folder / f"{name}_export").state_dict()
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], v) for k, v in trained.items())
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints[name]))
+    policy.load_state_dict(policy.read_checkpoint(folder / f"{name}_tp2"))
+    assert all(torch.equal(policy.hf_state_dict()[k], v) for k, v in trained.items())
+    forward_inputs, actions = batch(vocab=ODD_VOCAB)
+    assert (policy.evaluate(forward_inputs, actions).logprobs - results[0][f"{name}/trained"]).abs().max() < 1e-5
+    optimizer = torch.optim.Adam(policy.parameters(), lr=LR)
+    policy.load_optimizer(optimizer, folder / f"{name}_tp2")
+    after = train(policy, forward_inputs, actions, steps=1, optimizer=optimizer)[0]
+    assert after == pytest.approx(results[0][f"{name}/after_resume"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_odd_vocabulary_checkpoint_saved_at_tensor_parallel_1_starts_2(two_ranks, checkpoints):
+    """A TP 1 checkpoint (15 vocabulary rows) starts TP 2 (16): the padding row is zero."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, folder = two_ranks
+    path = checkpoints["llama_odd"]
+    one = MegatronCausalLMPolicy(megatron_cfg(path, megatron_checkpoint=str(folder / "llama_odd_tp1")))
+    expected = one.evaluate(*batch(vocab=ODD_VOCAB)).logprobs
+    for rank in results:
+        assert (rank["from_tp1"] - expected).abs().max() < 1e-5
+        assert rank["from_tp1_padding"].numel() > 0 and not rank["from_tp1_padding"].any()

@@ -241,7 +241,8 @@ REFUSALS = [
     ("maniskill_ppo_openvla_oft", ["actor.model.is_lora=false", "actor.model.lora_path=/tmp"],
      "actor.model.lora_path: not supported here, because a LoRA adapter needs actor.model.is_lora true"),
     ("math_grpo_tiny", ["actor.model.add_value_head=true"], "actor.model.add_value_head: not supported: a value head"),
-    ("math_grpo_tiny", ["rollout.gpu_memory_utilization=0.9"], "rollout.gpu_memory_utilization: not supported: a generation-engine"),
+    ("math_grpo_tiny", ["rollout.gpu_memory_utilization=0.9"],
+     "rollout.gpu_memory_utilization: not supported here, because rollout.backend is huggingface"),
     ("maniskill_ppo_mlp", ["algorithm.n_minibatches=2"], "algorithm.n_minibatches: not supported: setting the updates per batch"),
 ]
 

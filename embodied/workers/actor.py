@@ -13,6 +13,7 @@ import copy
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -199,6 +200,12 @@ class ActorWorker(Worker):
         trains (``Policy.trainable_state_dict``: with LoRA only the adapters and value head)."""
         state = self.policy.trainable_state_dict()
         return state if self.rank == 0 else None
+
+    def probe_logprobs(self, probe: dict[str, Any]) -> torch.Tensor:
+        """The current weights' log-probs of a rollout's probe (``Policy.probe_logprobs``): what a
+        serving engine must reproduce after the sync. Every rank computes (a collective forward
+        under FSDP2)."""
+        return self.policy.probe_logprobs(probe["forward_inputs"], probe["actions"])
 
     def offload(self) -> None:
         """Between phases: gradients freed (the next minibatch zeroes them anyway), parameters,

@@ -10,15 +10,15 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from embodied.backends import replicas
+from embodied.backends import build_rollout_policy, replicas
 from embodied.batch import Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key, replay_key
-from embodied.config import build_policy
 from embodied.worker import Worker
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.model.do_sample",)
+PROBE_ROWS = 8  # responses of the first rollout kept to check every weight sync (serving engines)
 
 
 def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> list[tuple[int, int, int, int]]:
@@ -42,7 +42,8 @@ class RolloutWorker(Worker):
         self.device = torch.device("cuda" if self.accelerator == "gpu" else "cpu")
         if self.accelerator == "cpu":
             torch.set_num_threads(1)
-        self.policy = build_policy(cfg.actor.model).to(self.device).eval()
+        self.policy = build_rollout_policy(cfg, cpu_threads=1).to(self.device).eval()
+        self.probe: dict[str, Any] | None = None  # see check_sync
         stages = cfg.rollout.pipeline_stage_num
         # (env rank, stage) streams this rank serves, in a fixed order
         self.streams = [(e, s) for e in range(env_world_size) if e % self.world_size == self.rank
@@ -50,6 +51,15 @@ class RolloutWorker(Worker):
 
     def set_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.policy.load_trainable_state_dict(state_dict)
+
+    def probe_batch(self) -> dict[str, Any] | None:
+        """A few responses of this rank's first training rollout (``forward_inputs`` and actions)."""
+        return self.probe
+
+    def check_sync(self, probe: dict[str, Any], actor_logprobs: torch.Tensor, step: int) -> float:
+        """With a serving engine: the largest per-token gap between the engine's log-probs of
+        ``probe`` and the actor's; a gap above the engine's tolerance is an error naming the step."""
+        return self.policy.verify_sync(probe["forward_inputs"], probe["actions"], actor_logprobs, step=step)
 
     def load_checkpoint(self, folder: str) -> None:
         """Weights of a training checkpoint's ``actor`` folder, in the policy's own layout."""
@@ -85,6 +95,9 @@ class RolloutWorker(Worker):
                     continue
                 out = self.policy.act(message["obs"], do_sample=do_sample)
                 self.channel.put(action_key(self.cfg, split, *stream), out.actions.cpu().numpy())
+                if train and self.probe is None:
+                    self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},
+                                  "actions": out.actions[:PROBE_ROWS].clone()}
                 if train:
                     record["actions"].append(out.actions)
                     record["logprobs"].append(out.logprobs)

@@ -39,7 +39,8 @@ READ: dict[str, str] = {
                                           "recomputed (full, uniform, 1 layer); not with recompute_granularity",
     "actor.model.tensor_model_parallel_size": "TP size: Megatron's process groups (TP groups of consecutive "
                                               "ranks, data parallel over the rest); must divide the world "
-                                              "size, heads, KV heads, vocabulary and FFN size",
+                                              "size, heads, KV heads and FFN size; the vocabulary is padded "
+                                              "to a multiple of it",
     "actor.model.sequence_parallel": "TransformerConfig.sequence_parallel with CUDA and TP > 1; refused without "
                                      "CUDA (0.16.1 allocates its sequence gathers on the CUDA device, "
                                      "tensor_parallel/mappings.py:141,181, layers.py:552)",

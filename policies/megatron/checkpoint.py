@@ -1,6 +1,10 @@
 """Megatron ``dist_checkpointing`` folders of a GPTModel (and of its torch optimizer): every
 rank writes its own shards with their global offsets, so a folder saved at one tensor-parallel
-size loads at another. A collective: every rank of the job calls these functions."""
+size loads at another. A collective: every rank of the job calls these functions.
+
+The vocab-split tensors keep their padding (``weights.padded_vocab_size``), so their global
+shape depends on the TP size; Megatron marks them ``allow_shape_mismatch``, and a load reads the
+rows both sizes have and zero-fills the rest (e.g. 16 rows at TP 2, 15 at TP 1)."""
 
 from __future__ import annotations
 

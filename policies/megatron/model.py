@@ -20,7 +20,12 @@ from torch import nn
 from core.errors import ConfigError
 from policies.megatron import cpu
 from policies.megatron.options import CUDA_FUSIONS
-from policies.megatron.weights import Architecture, hf_to_megatron, read_architecture
+from policies.megatron.weights import (
+    Architecture,
+    hf_to_megatron,
+    padded_vocab_size,
+    read_architecture,
+)
 from policies.weights import DTYPES
 
 
@@ -116,7 +121,8 @@ def build_gpt(arch: Architecture, options: MegatronOptions) -> nn.Module:
     spec = (get_gpt_layer_with_transformer_engine_spec() if fused
             else get_gpt_layer_local_spec(normalization="RMSNorm"))
     model = GPTModel(
-        config, spec, vocab_size=arch.vocab_size, max_sequence_length=options.seq_length or arch.max_positions,
+        config, spec, vocab_size=padded_vocab_size(arch.vocab_size, options.tensor_parallel),
+        max_sequence_length=options.seq_length or arch.max_positions,
         parallel_output=True, share_embeddings_and_output_weights=arch.tied_embeddings,
         position_embedding_type="rope", rotary_base=arch.rope_theta,
         rope_scaling=arch.rope_scaling_factor is not None, rope_scaling_factor=arch.rope_scaling_factor or 8.0)

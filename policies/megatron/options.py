@@ -36,9 +36,9 @@ def check_options(model_cfg: Mapping[str, Any], world_size: int) -> None:
     tp = cfg.get("tensor_model_parallel_size", 1)
     if not isinstance(tp, int) or tp < 1:
         raise expected("actor.model.tensor_model_parallel_size", tp, "an integer >= 1")
+    # the vocabulary need not divide: it is padded to a multiple of tp (weights.padded_vocab_size)
     for what, count in (("the actor's world size", world_size), ("num_attention_heads", arch.num_heads),
-                        ("num_key_value_heads", arch.num_kv_heads), ("vocab_size", arch.vocab_size),
-                        ("intermediate_size", arch.ffn_hidden_size)):
+                        ("num_key_value_heads", arch.num_kv_heads), ("intermediate_size", arch.ffn_hidden_size)):
         if count % tp:
             source = "" if what.startswith("the actor") else f" of {cfg['model_path']}/config.json"
             raise ConfigError(f"actor.model.tensor_model_parallel_size={tp} does not divide {what}{source} ({count})")

@@ -100,11 +100,21 @@ class MegatronCausalLMPolicy(Policy):
         # response token k sits at rotated column prompt_width + k - padding; the logits one before predict it
         where = prompt.shape[1] - 1 - padding.to(device) + torch.arange(stop, device=device)
         logits = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1])).float() / self.temperature
+        logits = vocab_parallel.mask_padding(logits, self.arch.vocab_size)
         entropy = vocab_parallel.entropy(logits)
         logprobs = vocab_parallel.token_logprobs(logits, tokens[:, :stop].to(device))  # overwrites logits: last
         keep = response_mask[:, :stop].to(device)
         pad = tokens.shape[1] - stop
         return EvaluateOutput(F.pad(logprobs * keep, (0, pad))[:, None], F.pad(entropy * keep, (0, pad))[:, None], None)
+
+    @torch.no_grad()
+    def probe_logprobs(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> Tensor:
+        """At temperature 1, as ``CausalLMPolicy.probe_logprobs``; every rank calls it."""
+        saved, self.temperature = self.temperature, 1.0
+        try:
+            return super().probe_logprobs(forward_inputs, actions)
+        finally:
+            self.temperature = saved
 
     def enable_gradient_checkpointing(self) -> list[torch.nn.Module]:
         """``actor.model.gradient_checkpointing``: every decoder layer recomputed in backward

@@ -1,12 +1,27 @@
 """Per-token log-probs and entropy from vocab-parallel logits: each tensor-parallel rank holds
 the logits of its slice of the vocabulary (``[..., V / tp]``) and no rank ever holds all of them.
-The softmax's normalizer is assembled from per-rank maxima and sums (one all-reduce each)."""
+The softmax's normalizer is assembled from per-rank maxima and sums (one all-reduce each).
+The vocabulary's padding (``weights.padded_vocab_size``) is masked out first (``mask_padding``)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+def mask_padding(logits: Tensor, vocab_size: int) -> Tensor:
+    """``logits`` with the columns past the real vocabulary (the padding, on the last ranks) set
+    to -inf: probability 0 and no gradient, so the softmax is the unpadded model's and the
+    padding rows of the embedding and output layer never train."""
+    from megatron.core import parallel_state
+
+    width = logits.shape[-1]
+    first = parallel_state.get_tensor_model_parallel_rank() * width  # this rank's first vocabulary id
+    if first + width <= vocab_size:
+        return logits
+    padding = torch.arange(first, first + width, device=logits.device) >= vocab_size
+    return logits.masked_fill(padding, float("-inf"))
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -29,7 +44,8 @@ def entropy(logits: Tensor) -> Tensor:
 
 class _VocabParallelEntropy(torch.autograd.Function):
     """H = -sum_v p_v log p_v, with dH/dz_v = -p_v (H + log p_v); the backward needs only this
-    rank's log-probs and H (no communication), so one ``[..., V / tp]`` tensor is saved."""
+    rank's log-probs and H (no communication), so one ``[..., V / tp]`` tensor is saved. Masked
+    columns (-inf) get the lowest finite log-prob: p_v = 0 makes their terms 0, not 0 * -inf."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, group: dist.ProcessGroup) -> Tensor:
@@ -38,7 +54,7 @@ class _VocabParallelEntropy(torch.autograd.Function):
         shifted = logits - top
         total = shifted.exp().sum(dim=-1, keepdim=True)
         dist.all_reduce(total, group=group)
-        logp = shifted - total.log()
+        logp = (shifted - total.log()).clamp(min=torch.finfo(logits.dtype).min)
         h = -(logp.exp() * logp).sum(dim=-1)
         dist.all_reduce(h, group=group)
         ctx.save_for_backward(logp, h)

@@ -7,7 +7,7 @@ from its checkpoint's ``config.json`` (``Architecture``); the names follow the l
 ==============================================  ==================================================
 Hugging Face (``model.`` prefix omitted below)  Megatron-Core (local spec)
 ==============================================  ==================================================
-embed_tokens.weight                             embedding.word_embeddings.weight       vocab split
+embed_tokens.weight                             embedding.word_embeddings.weight  vocab split  (3)
 layers.i.input_layernorm.weight                 decoder.layers.i.input_layernorm.weight
 layers.i.self_attn.{q,k,v}_proj.{weight,bias}   decoder.layers.i.self_attention.linear_qkv.*  (1)
 layers.i.self_attn.o_proj.weight                decoder.layers.i.self_attention.linear_proj.weight
@@ -15,13 +15,16 @@ layers.i.post_attention_layernorm.weight        decoder.layers.i.pre_mlp_layerno
 layers.i.mlp.{gate,up}_proj.weight              decoder.layers.i.mlp.linear_fc1.weight  (2)
 layers.i.mlp.down_proj.weight                   decoder.layers.i.mlp.linear_fc2.weight
 norm.weight                                     decoder.final_layernorm.weight
-lm_head.weight (untied only)                    output_layer.weight                   vocab split
+lm_head.weight (untied only)                    output_layer.weight               vocab split  (3)
 ==============================================  ==================================================
 
 (1) One fused matrix in Megatron's per-group order: for each key/value head g, the query heads
     that share it, then k_g, then v_g. A tensor-parallel rank holds whole groups, so the split is
     a contiguous slice of rows (query groups must divide by the TP size).
 (2) ``[gate; up]`` stacked; each TP rank holds ``[gate_r; up_r]``, its slice of both halves.
+(3) Padded with zero rows to ``padded_vocab_size`` (a multiple of the TP size, as Megatron-LM pads
+    its vocabulary) so that every rank holds as many rows; the padding is dropped on the way
+    back. Its logits are masked out (``vocab_parallel.mask_padding``), so it never trains.
 The TransformerEngine spec fuses the two norms into the next linear layer
 (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``): ``fused_norms=True``.
 
@@ -143,6 +146,12 @@ def _split_qkv(qkv: Tensor, arch: Architecture) -> tuple[Tensor, Tensor, Tensor]
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
+def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """The GPTModel's vocabulary: ``vocab_size`` rounded up to a multiple of ``tp_size``, so that
+    the vocab-split layers divide evenly (Megatron-LM's ``make_vocab_size_divisible_by`` = 1)."""
+    return -(-vocab_size // tp_size) * tp_size
+
+
 def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture, tp_rank: int = 0, tp_size: int = 1,
                    fused_norms: bool = False) -> dict[str, Tensor]:
     """The weights that TP rank ``tp_rank`` of ``tp_size`` holds, from a full HF state dict
@@ -154,10 +163,14 @@ def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture, tp_rank: int = 
     def cols(t: Tensor) -> Tensor:  # row-parallel: this rank's slice of columns
         return t.chunk(tp_size, dim=1)[tp_rank]
 
-    out = {"embedding.word_embeddings.weight": rows(hf["model.embed_tokens.weight"]),
+    def vocab_rows(t: Tensor) -> Tensor:  # vocab-parallel: padded with zero rows, then split
+        padding = t.new_zeros(padded_vocab_size(arch.vocab_size, tp_size) - arch.vocab_size, t.shape[1])
+        return rows(torch.cat([t, padding]))
+
+    out = {"embedding.word_embeddings.weight": vocab_rows(hf["model.embed_tokens.weight"]),
            "decoder.final_layernorm.weight": hf["model.norm.weight"]}
     if not arch.tied_embeddings:
-        out["output_layer.weight"] = rows(hf["lm_head.weight"])
+        out["output_layer.weight"] = vocab_rows(hf["lm_head.weight"])
     for i in range(arch.num_layers):
         src, dst = f"model.layers.{i}.", _names(i, fused_norms)
         attn = src + "self_attn."
@@ -176,7 +189,8 @@ def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture, tp_rank: int = 
 def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], arch: Architecture,
                    fused_norms: bool = False) -> dict[str, Tensor]:
     """The full HF state dict from the weights of every TP rank (``shards[r]``: rank r's), with
-    ``lm_head.weight`` the embedding itself when the checkpoint ties them (as HF's state dict)."""
+    ``lm_head.weight`` the embedding itself when the checkpoint ties them (as HF's state dict)
+    and the vocabulary's padding rows dropped."""
     first = shards[0]
 
     def rows(name: str) -> Tensor:
@@ -185,9 +199,12 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], arch: Architecture,
     def cols(name: str) -> Tensor:
         return torch.cat([s[name] for s in shards], dim=1)
 
-    embed = rows("embedding.word_embeddings.weight")
+    def vocab_rows(name: str) -> Tensor:
+        return rows(name)[:arch.vocab_size]
+
+    embed = vocab_rows("embedding.word_embeddings.weight")
     out = {"model.embed_tokens.weight": embed, "model.norm.weight": first["decoder.final_layernorm.weight"],
-           "lm_head.weight": embed if arch.tied_embeddings else rows("output_layer.weight")}
+           "lm_head.weight": embed if arch.tied_embeddings else vocab_rows("output_layer.weight")}
     for i in range(arch.num_layers):
         dst, src = f"model.layers.{i}.", _names(i, fused_norms)
         attn = dst + "self_attn."

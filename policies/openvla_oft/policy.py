@@ -264,7 +264,7 @@ class OpenVLAOFTPolicy(Policy):
 
     def enable_gradient_checkpointing(self) -> list[nn.Module]:
         """The Llama layers recompute their activations in the backward pass."""
-        self.core.language_model.activation_checkpointing_enable({"use_reentrant": False})
+        self.core.language_model.gradient_checkpointing_enable({"use_reentrant": False})
         return list(self.core.language_model.model.layers)
 
     def frozen_reference(self):
