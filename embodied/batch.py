@@ -64,6 +64,7 @@ class Trajectory(TensorBatch):
     truncations: Tensor  # [T, B, C] bool
     values: Tensor | None = None  # [T + 1, B] or [T + 1, B, C] with a critic (the last row bootstraps)
     final_values: Tensor | None = None  # [T, B] value of the observation an episode ended on
+    versions: Tensor | None = None  # [T, B] int: the weight version (updates applied) that acted
 
 
 @dataclass
@@ -79,3 +80,4 @@ class Samples(TensorBatch):
     returns: Tensor | None = None  # value targets, with a critic
     old_values: Tensor | None = None  # the rollout's values, with a critic
     ref_logprobs: Tensor | None = None  # the KL reference's, when the KL is a loss term
+    proximal_logprobs: Tensor | None = None  # the policy's at the start of the update (decoupled PPO)

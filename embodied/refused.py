@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 from embodied import backends, schema
+from embodied.algorithms import POLICY_LOSSES
 from envs import ENVS
 from policies import POLICIES
 
@@ -138,6 +139,9 @@ def not_read_here(cfg: DictConfig) -> dict[str, str]:
     config's do not."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
     out |= backends.unread_keys(cfg)
+    if not POLICY_LOSSES.declared(cfg.algorithm.loss_type)["proximal"]:
+        out["algorithm.behave_weight_threshold"] = (f"algorithm.loss_type {cfg.algorithm.loss_type} weighs no samples "
+                                                    "by their staleness (decoupled_actor_critic does)")
     envs = {cfg.env[split].env_type for split in schema.ENV_SPLITS if cfg.env[split]}
     used = {key for name in envs if name in ENVS for key in ENVS.declared(name)["reads"]}
     for name in ENVS.names():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,9 @@ from embodied.workers.rollout import RolloutWorker, replay_pieces
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train",
                "runner.save_interval", "runner.resume_dir", "runner.max_ckpts_to_keep", "runner.only_eval",
-               "runner.ckpt_path", "algorithm.rollout_epoch", "data.val_pass_k", "env.group_name",
-               "env.channel.name", "env.enable_offload", "rollout.group_name", "rollout.enable_offload",
-               "actor.group_name", "actor.enable_offload")
+               "runner.ckpt_path", "algorithm.rollout_epoch", "algorithm.staleness_threshold", "data.val_pass_k",
+               "env.group_name", "env.channel.name", "env.enable_offload", "rollout.group_name",
+               "rollout.enable_offload", "actor.group_name", "actor.enable_offload")
 
 
 class Runner:
@@ -73,13 +74,17 @@ class Runner:
         # a serving engine's weights are checked after every sync, on responses of the first rollout
         self.check_sync = cfg.rollout.backend != "huggingface"
         self.probe: dict[str, Any] | None = None
+        self.sync_check: GroupCall | None = None  # the check of a sync in flight
+        self.in_flight: deque = deque()  # rollouts started ahead of their step (staleness_threshold)
         self.step, self.env_steps = 0, 0
+        self.version = 0  # updates the actor's weights have had
+        self.last_step = training_steps(cfg.runner)
 
     # ---------------------------------------------------------------- training
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg.runner
         self._maybe_resume()
-        last = training_steps(cfg)
+        last = self.last_step
         summary: dict[str, Any] = {}
         if cfg.val_before_train and self.step == 0:
             self.sync_weights()
@@ -111,50 +116,86 @@ class Runner:
         return summary | self._totals()
 
     def train_step(self) -> dict[str, float]:
-        tic = time.monotonic()
-        metrics = self.sync_weights()
-        metrics["time/sync"] = time.monotonic() - tic
-
-        tic = time.monotonic()
-        self._turn(self.rollout, self.env)
-        calls = []
-        for epoch in range(self.cfg.algorithm.rollout_epoch):
-            seed = self.step * self.cfg.algorithm.rollout_epoch + epoch
-            calls.append(self.env.execute("interact", "train", self.train_chunk_steps))
-            self.rollout.execute("generate", "train", self.train_chunk_steps, seed)
+        """Roll out, then update; with ``algorithm.staleness_threshold`` k > 0 the next k rollouts
+        are already running (with the weights of k updates ago at most) while the actor updates
+        on this one, and the new weights reach the rollout workers after the rollout in flight."""
+        tic_step = time.monotonic()
+        metrics: dict[str, float] = {}
+        if not self.in_flight:  # synchronous (or the first step): this step's rollout starts now
+            tic = time.monotonic()
+            metrics |= self.sync_weights()
+            metrics["time/sync"] = time.monotonic() - tic
+            self._turn(self.rollout, self.env)
+            self.in_flight.append(self._launch_rollout(self.step))
         # a resident actor takes trajectories as they arrive; one that offloads waits for its turn
         update = None if self._offloads(self.actor) else self._update()
-        env_metrics = [_merge_ranks(call.wait()) for call in calls]
-        metrics["time/rollout"] = time.monotonic() - tic
-        if self.check_sync and self.probe is None:
-            self.probe = self.rollout.execute("probe_batch").wait()[0]
+        ahead = self.cfg.algorithm.staleness_threshold
+        while len(self.in_flight) <= ahead and self.step + len(self.in_flight) <= self.last_step:
+            self.in_flight.append(self._launch_rollout(self.step + len(self.in_flight)))
+        env_calls, rollout_calls = self.in_flight.popleft()
+        env_metrics = [_merge_ranks(call.wait()) for call in env_calls]
         metrics.update(_mean_dicts(env_metrics))
+        metrics.update(_mean_dicts([r for call in rollout_calls for r in call.wait()]))
+        # the env workers' own time for the rollout (it may have started during the last step)
+        metrics["time/rollout"] = sum(m["time/train_env_busy_s"] + m["time/train_env_wait_s"] for m in env_metrics)
         steps = sum(m["train/env_steps"] for m in env_metrics)
         self.env_steps += int(steps)
         metrics["time/env_steps_per_s"] = steps / metrics["time/rollout"]
+        metrics |= self._sync_gap()  # the check of the weights this rollout was generated with
+        if self.check_sync and self.probe is None:
+            self.probe = self.rollout.execute("probe_batch").wait()[0]
 
         tic = time.monotonic()
         self._turn(self.actor)
         metrics.update((update or self._update()).wait()[0])
+        self.version = self.step
         metrics["time/update"] = time.monotonic() - tic
+        if ahead:  # the new weights, for the rollouts after the ones in flight
+            tic = time.monotonic()
+            metrics |= self.sync_weights(wait=False)
+            metrics["time/sync"] = time.monotonic() - tic
+        metrics["time/step"] = time.monotonic() - tic_step
+        metrics["time/env_steps_per_s_overall"] = steps / metrics["time/step"]
+        # how long rollout and update computed at once (what running them one after the other costs more)
+        metrics["time/overlap"] = max(metrics["time/rollout"] + metrics["time/actor_busy"] - metrics["time/step"], 0.0)
         metrics["train/total_env_steps"] = float(self.env_steps)
         return metrics
+
+    def _launch_rollout(self, step: int) -> tuple[list[GroupCall], list[GroupCall]]:
+        """Start the env and rollout workers on training step ``step``'s rollouts (they run after
+        whatever those workers are doing); returns the calls to wait on."""
+        env_calls, rollout_calls = [], []
+        for epoch in range(self.cfg.algorithm.rollout_epoch):
+            seed = step * self.cfg.algorithm.rollout_epoch + epoch
+            env_calls.append(self.env.execute("interact", "train", self.train_chunk_steps))
+            rollout_calls.append(self.rollout.execute("generate", "train", self.train_chunk_steps, seed))
+        return env_calls, rollout_calls
 
     def _update(self) -> GroupCall:
         return self.actor.execute("update", self.step, self.pieces_per_actor * self.cfg.algorithm.rollout_epoch)
 
-    def sync_weights(self) -> dict[str, float]:
-        """The actor's weights into the rollout workers; with a serving engine, then checked: the
-        engine's log-probs of the probe must be the actor's (``rollout/sync_logprob_gap``)."""
+    def sync_weights(self, wait: bool = True) -> dict[str, float]:
+        """The actor's weights (after ``self.version`` updates) into the rollout workers; with a
+        serving engine, then checked: the engine's log-probs of the probe must be the actor's
+        (``rollout/sync_logprob_gap``). Without ``wait`` the rollout workers take them after the
+        rollouts they have in flight."""
         self._turn(self.actor, self.rollout)
         weights = self.actor.execute_in_store("get_weights").wait()[0][0]  # rank 0's, by reference
-        self.rollout.execute("set_weights", weights).wait()
-        if not (self.check_sync and self.probe):
+        call = self.rollout.execute("set_weights", weights, self.version)
+        if self.check_sync and self.probe:
+            logprobs = self.actor.execute("probe_logprobs", self.probe).wait()[0]
+            self.sync_check = self.rollout.execute("check_sync", self.probe, logprobs, self.step)
+        if wait:
+            call.wait()
+            return self._sync_gap()
+        return {}
+
+    def _sync_gap(self) -> dict[str, float]:
+        """The result of the last sync's check (``rollout/sync_logprob_gap``), once it is known."""
+        if self.sync_check is None:
             return {}
-        tic = time.monotonic()
-        logprobs = self.actor.execute("probe_logprobs", self.probe).wait()[0]
-        gap = max(self.rollout.execute("check_sync", self.probe, logprobs, self.step).wait())
-        return {"rollout/sync_logprob_gap": gap, "time/sync_check": time.monotonic() - tic}
+        gap, self.sync_check = max(self.sync_check.wait()), None
+        return {"rollout/sync_logprob_gap": gap}
 
     def _turn(self, *running: WorkerGroup) -> None:
         """The next phase runs these groups: an idle one with ``<role>.enable_offload`` frees its
@@ -196,8 +237,8 @@ class Runner:
             source, step = self.cfg.actor.model.get("model_path"), 0
         else:
             source = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
-            self.rollout.execute("load_checkpoint", str(Path(source) / "actor")).wait()
             step = checkpoint.read_trainer_state(source)["step"]
+            self.rollout.execute("load_checkpoint", str(Path(source) / "actor"), step).wait()
         metrics = self.evaluate()
         self.logger.log(metrics, step)
         self._log_samples(step)
@@ -258,6 +299,7 @@ class Runner:
         self.actor.execute("load", str(folder)).wait()
         state = checkpoint.read_trainer_state(folder)
         self.step, self.env_steps = state["step"], state["env_steps"]
+        self.version = self.step
         episodes = {split: numbers for split, numbers in state.get("next_episodes", {}).items()
                     if len(numbers) == self.cfg.env[split].total_num_envs}
         self.env.execute("load_episode_state", episodes).wait()
@@ -277,13 +319,16 @@ class Runner:
 
 
 def _merge_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Env workers' ``<split>/<figure>[/<task>]`` metrics: counts and env steps summed, episode
-    means weighted by each rank's ``<split>/episodes[/<task>]``."""
+    """Env workers' ``<split>/<figure>[/<task>]`` metrics: counts and env steps summed, times
+    (``*_s``) averaged, episode means weighted by each rank's ``<split>/episodes[/<task>]``."""
     out: dict[str, float] = {}
     for key in {k for m in per_rank for k in m}:
         split, figure, *task = key.split("/")
         if figure in ("episodes", "env_steps", "non_finite"):
             out[key] = sum(m.get(key, 0.0) for m in per_rank)
+            continue
+        if figure.endswith("_s"):
+            out[key] = sum(m[key] for m in per_rank if key in m) / sum(1 for m in per_rank if key in m)
             continue
         count = "/".join([split, "episodes", *task])
         weights = [m.get(count, 0.0) if key in m else 0.0 for m in per_rank]

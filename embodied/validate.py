@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 from embodied import backends, checkpoint, schema
-from embodied.algorithms import ADVANTAGES
+from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from embodied.config import chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from embodied.refused import refuse_unsupported
@@ -65,6 +65,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     backends.check(cfg, plan.world_size("actor"))
     backends.check_rollout(cfg)
     _training_options(cfg, plan.accelerator)
+    _overlap(cfg)
     groups, who = _actor_groups(cfg, plan)
     per_step = cfg.actor.micro_batch_size * groups
     if cfg.actor.global_batch_size % per_step:
@@ -86,6 +87,23 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _pass_k(cfg)
     _validate_envs(cfg, plan)
     return plan
+
+
+def _overlap(cfg: DictConfig) -> None:
+    """``algorithm.staleness_threshold`` > 0 overlaps rollouts with updates: it needs a training
+    run whose roles stay resident, and a decoupled loss needs the rollout's own log-probs."""
+    stale, loss = cfg.algorithm.staleness_threshold, cfg.algorithm.loss_type
+    if stale and cfg.runner.only_eval:
+        _fail("algorithm.staleness_threshold", stale, "0 with runner.only_eval (an evaluation has no updates "
+                                                      "to overlap with)")
+    if stale:
+        for role in ("actor", "rollout", "env"):
+            if cfg[role].enable_offload:
+                _fail("algorithm.staleness_threshold", stale, f"0 with {role}.enable_offload (offloading makes "
+                                                              "the phases take turns)")
+    if POLICY_LOSSES.declared(loss)["proximal"] and cfg.rollout.recompute_logprobs:
+        _fail("rollout.recompute_logprobs", True, f"false with algorithm.loss_type={loss} (it weighs samples by "
+                                                  "the log-probs of the policy that acted, the rollout's)")
 
 
 def _actor_groups(cfg: DictConfig, plan: PlacementPlan) -> tuple[int, str]:

@@ -148,9 +148,10 @@ def test_arrays_arrive_as_views_of_reused_shared_memory(channel):
         del item, images, segment
         slot_sets.append(set(segments(ch._prefix)))
     ray.get(done)
-    # After warm-up no new segments: the producer reuses the slots the consumer gave back.
-    assert slot_sets[10] == slot_sets[-1]
-    slots = [n for n in slot_sets[-1] if n[len(ch._prefix):].startswith("s")]
+    # 40 messages through a handful of segments: the producer reuses the slots the consumer gave
+    # back (when the pool peaks depends on scheduling, so the bound is on all slots ever made).
+    made = set().union(*slot_sets)
+    slots = [n for n in made if n[len(ch._prefix):].startswith("s")]
     assert 1 <= len(slots) <= 4  # queue bound 2 + one being written + one held here
 
 

@@ -73,6 +73,7 @@ def hf(tiny_math):
 
 @pytest.fixture(scope="module")
 def engine(tiny_math):
+    import trimesh  # noqa: F401  (loaded in every process that imported ManiSkill; the engine must start anyway)
     from policies.engines.vllm import VLLMCausalLM
 
     policy = VLLMCausalLM(_cfg(tiny_math["model"], temperature=0.7), ENGINE_OPTIONS, cpu_threads=1)

@@ -1,7 +1,10 @@
 """Faults that lose nothing: a worker of each kind killed with SIGKILL mid-step ends the run
 within 30 s with one line naming group, rank and node; the run leaves no shared memory (the
 suite's conftest checks /dev/shm after every test); the last checkpoint loads; and
-``runner.resume_dir=auto`` goes on from it."""
+``runner.resume_dir=auto`` goes on from it. The runs overlap rollout and update
+(``algorithm.staleness_threshold=1``), so every kill lands mid-overlap, with one side possibly
+waiting on the other; resuming regenerates the rollout that was in flight (synchronous runs
+resume exactly: tests/test_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +44,9 @@ def kill_mid_run(run: Run, group: str, ckpts, after_step: int) -> None:
 def test_killed_env_rollout_and_actor_workers_end_the_run_and_resume_continues(tmp_path):
     """One run after the other, each resuming the last one's checkpoint: kill an env worker,
     then a rollout worker, then an actor rank; a last run finishes two more steps."""
-    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.resume_dir=auto"]
+    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.resume_dir=auto",
+                                               "algorithm.staleness_threshold=1",
+                                               "algorithm.loss_type=decoupled_actor_critic"]
     ckpts = tmp_path / "tiny" / "checkpoints"
     step = 0
     for i, group in enumerate(("EnvGroup", "RolloutGroup", "ActorGroup")):

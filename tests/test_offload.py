@@ -79,7 +79,7 @@ def test_rollout_offload_releases_the_weights_and_the_next_sync_restores_them(cl
         group.execute("offload").wait()  # a second offload is a no-op
         assert group.execute("memory").wait() == [(0, len(weights))]
         group.execute("reload").wait()  # full weights only come back with the sync
-        group.execute("set_weights", weights).wait()
+        group.execute("set_weights", weights, 0).wait()
         assert group.execute("memory").wait() == [(held, 0)]
         for a, b in zip(before, group.execute("act").wait()[0]):
             np.testing.assert_array_equal(a, b)
@@ -87,9 +87,9 @@ def test_rollout_offload_releases_the_weights_and_the_next_sync_restores_them(cl
         # weights that arrive while offloaded act exactly as when loaded into a resident model
         changed = {k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()}
         group.execute("offload").wait()
-        group.execute("set_weights", changed).wait()
+        group.execute("set_weights", changed, 1).wait()
         after_offload = group.execute("act").wait()[0]
-        group.execute("set_weights", changed).wait()  # resident: copied into the tensors
+        group.execute("set_weights", changed, 1).wait()  # resident: copied into the tensors
         resident = group.execute("act").wait()[0]
         assert not np.array_equal(after_offload[1], before[1])
         for a, b in zip(after_offload, resident):

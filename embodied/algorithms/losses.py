@@ -4,7 +4,9 @@ KL penalty, and the masked aggregation that turns per-token losses into one numb
 Policy losses register themselves by ``algorithm.loss_type`` (``POLICY_LOSSES``): a new one is a
 function of ``(logprobs, old_logprobs, advantages, mask, *, clip_ratio_low, clip_ratio_high,
 clip_ratio_c, loss_agg_func)`` returning ``(loss, metrics)``, decorated here, plus its name in
-config/base.yaml's choice list.
+config/base.yaml's choice list. A loss that declares ``proximal=True`` also takes
+``proximal_logprobs`` (the policy's own at the start of the update, which the actor then
+computes) and ``behave_weight_threshold``.
 
 Shapes: dim 0 indexes samples ("sequences": one chunk step of one env, or one text response);
 any further dims are that sample's tokens. Masks are bool/0-1 tensors of the loss's shape and
@@ -27,10 +29,12 @@ from embodied.algorithms.levels import expand_like
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high",
                "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.value_loss_coef",
-               "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio")
+               "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio",
+               "algorithm.behave_weight_threshold")
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = Registry("policy loss", "algorithm.loss_type")
+POLICY_LOSSES = Registry("policy loss", "algorithm.loss_type",
+                         proximal=False)  # needs the proximal policy's log-probs (and values) at update start
 
 # bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
 MAX_LOG_RATIO = 20.0
@@ -117,6 +121,63 @@ def ppo_policy_loss(
     return policy_loss, metrics
 
 
+@POLICY_LOSSES.register("decoupled_actor_critic", proximal=True)
+def decoupled_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    *,
+    proximal_logprobs: Tensor,
+    behave_weight_threshold: float | None,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_func: str,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization"), for
+    samples from an older policy than the one being trained (asynchronous rollouts):
+
+    - the PPO clip acts on ``pi / pi_prox``, the current policy against the proximal one (the
+      weights at the start of this update), so each update moves the policy as far as PPO's;
+    - each sample is weighted by ``w = pi_prox / pi_behav``, the proximal policy against the one
+      that acted (``old_logprobs``), which corrects for the data's staleness; samples with
+      ``w > behave_weight_threshold`` (when set) weigh 0, so a few very stale samples cannot
+      dominate.
+
+    The per-sample loss is ``w * max(-A r, -A clip(r, 1 - low, 1 + high))`` (dual-clipped like
+    ``ppo_policy_loss``), aggregated over ``mask``; with ``proximal_logprobs == old_logprobs``
+    (fresh samples) it is ``ppo_policy_loss`` exactly.
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"algorithm.clip_ratio_c must be > 1 (or null to disable dual clip), got {clip_ratio_c}")
+    log_ratio = (logprobs - proximal_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(loss, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        bound = -advantages * clip_ratio_c
+        dual_clipped = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual_clipped, bound, loss)
+    weight = torch.exp((proximal_logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    kept = torch.ones_like(weight, dtype=torch.bool) if behave_weight_threshold is None \
+        else weight <= behave_weight_threshold
+    policy_loss = aggregate_loss(loss * torch.where(kept, weight, torch.zeros_like(weight)), mask, loss_agg_func)
+    with torch.no_grad():
+        metrics = {
+            "actor/policy_loss": policy_loss.detach(),
+            "actor/clip_fraction": _masked_mean((clipped > unclipped).to(loss.dtype), mask),
+            "actor/dual_clip_fraction": _masked_mean(dual_clipped.to(loss.dtype), mask),
+            "actor/approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),  # KL(pi_prox || pi), k3
+            "actor/ratio": _masked_mean(ratio, mask),
+            "actor/behave_weight": _masked_mean(weight, mask),
+            "actor/behave_filtered_fraction": _masked_mean((~kept).to(loss.dtype), mask),
+        }
+    return policy_loss, metrics
+
+
 def value_loss(
     values: Tensor,
     old_values: Tensor,
@@ -171,6 +232,8 @@ def actor_critic_loss(
     kl_penalty_type: str,
     early_stop_imp_ratio: float | None,
     policy_loss: Callable[..., tuple[Tensor, dict[str, Tensor]]] = ppo_policy_loss,
+    proximal_logprobs: Tensor | None = None,
+    behave_weight_threshold: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one micro-batch:
     ``policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy + kl_beta * kl``,
@@ -182,7 +245,8 @@ def actor_critic_loss(
     and are broadcast over the finer log-prob dims. ``token_mask`` (per token, ``[N, C, A]``,
     None = all valid) drops tokens that were never generated (padding of variable-length
     actions) from every term. Pass ``values=None`` for critic-free GRPO and
-    ``ref_logprobs=None`` for no KL term.
+    ``ref_logprobs=None`` for no KL term; ``proximal_logprobs`` (and ``behave_weight_threshold``)
+    go to a policy loss that declares ``proximal`` (its ``old_values`` are then the proximal ones).
 
     ``early_stop_imp_ratio``: when the mean importance ratio of the micro-batch exceeds it, the
     policy has drifted so far from the one that collected the data that the batch is abandoned:
@@ -190,6 +254,8 @@ def actor_critic_loss(
     backward and gradient all-reduce) and ``actor/early_stopped`` reports 1.
     """
     loss_mask = _loss_mask(mask, token_mask, logprobs)
+    proximal = {} if proximal_logprobs is None else {"proximal_logprobs": proximal_logprobs,
+                                                     "behave_weight_threshold": behave_weight_threshold}
     loss, metrics = policy_loss(
         logprobs,
         old_logprobs,
@@ -199,6 +265,7 @@ def actor_critic_loss(
         clip_ratio_high=clip_ratio_high,
         clip_ratio_c=clip_ratio_c,
         loss_agg_func=loss_agg_func,
+        **proximal,
     )
     if values is not None:
         critic_loss, critic_metrics = value_loss(values, old_values, returns, mask, value_clip=value_clip)
@@ -237,6 +304,7 @@ _LOSS_KEYS = (
     "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "value_loss_coef",
     "kl_beta", "kl_penalty_type", "early_stop_imp_ratio",
 )
+_OPTIONAL_KEYS = ("behave_weight_threshold",)  # keys only some losses read (the actor passes them on)
 
 
 def loss_hyperparameters(algorithm_cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +317,7 @@ def loss_hyperparameters(algorithm_cfg: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise KeyError(f"algorithm config lacks {', '.join('algorithm.' + k for k in missing)}")
     eps = algorithm_cfg["ratio_clip_eps"]
-    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS}
+    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS} | {k: algorithm_cfg[k] for k in _OPTIONAL_KEYS if k in algorithm_cfg}
     for key in ("clip_ratio_low", "clip_ratio_high"):
         value = algorithm_cfg.get(key)
         out[key] = eps if value is None else value

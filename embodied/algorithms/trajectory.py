@@ -32,10 +32,15 @@ CONFIG_KEYS = ("algorithm.adv_type", "algorithm.bootstrap_at_done", "algorithm.k
                "algorithm.reward_type", "algorithm.normalize_advantages")
 
 
-def training_samples(traj: Trajectory, algo: Mapping[str, Any], ref_logprobs: Tensor | None = None) -> Samples:
+def training_samples(traj: Trajectory, algo: Mapping[str, Any], ref_logprobs: Tensor | None = None,
+                     proximal: tuple[Tensor, Tensor | None] | None = None) -> Samples:
     """Advantages on the reward level, then ``N = T * B`` samples with ``old_logprobs`` at
     ``logprob_type``, ``advantages`` / ``mask`` (and ``returns`` / ``old_values`` with a critic)
     as ``[N]`` or ``[N, C]``, and ``ref_logprobs`` when the KL goes into the loss.
+
+    ``proximal``: the policy's own per-token log-probs ``[T, B, C, A]`` and values (``[N]`` or
+    ``[N, C]``, or None) at the start of the update, for a decoupled loss: they become
+    ``proximal_logprobs`` and, with a critic, the ``old_values`` the value clip holds on to.
 
     With ``bootstrap_at_done: always`` a terminated episode bootstraps from its final
     observation's value like a truncated one. ``ref_logprobs`` (per token, ``[T, B, C, A]``) are
@@ -76,6 +81,11 @@ def training_samples(traj: Trajectory, algo: Mapping[str, Any], ref_logprobs: Te
         samples.old_values = per_sample(steps.values[:-1])
     if ref_logprobs is not None and not kl_in_reward:
         samples.ref_logprobs = reduce_logprobs(ref_logprobs.flatten(0, 1), level)
+    if proximal is not None:
+        logprobs, values = proximal
+        samples.proximal_logprobs = reduce_logprobs(logprobs.flatten(0, 1), level)
+        if samples.returns is not None:
+            samples.old_values = values
     return samples
 
 

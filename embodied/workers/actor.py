@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class ActorWorker(Worker):
         self.autocast = autocast(cfg.actor.fsdp_config, self.torch_device)
         self.scaler = grad_scaler(cfg.actor.fsdp_config, self.torch_device)
         self.policy_loss = POLICY_LOSSES.get(self.algo.loss_type)
+        self.proximal = POLICY_LOSSES.declared(self.algo.loss_type)["proximal"]
         optim = cfg.actor.optim
         value = self.policy.value_parameters()
         critic = {id(p) for p in value}
@@ -76,11 +78,15 @@ class ActorWorker(Worker):
         """Take this rank's ``num_pieces`` trajectory pieces from the replay channel, compute
         advantages, run ``update_epochs`` passes of minibatch updates; returns metrics averaged
         over ranks."""
+        tic = time.monotonic()
         queue = replay_key(self.cfg, self.rank)
         pieces = [self.channel.get(queue) for _ in range(num_pieces)]
+        waited = time.monotonic() - tic  # for the rollout: what bounds the step when it is long
         # pieces of several rollout ranks arrive in any order: a stable sort by source fixes the
         # batch's order (each source's rollout epochs arrive, and stay, in order)
         pieces.sort(key=lambda piece: piece["source"])
+        # how many updates behind this step's (step - 1 applied) the acting weights were
+        lag = float(max(step - 1 - int(piece["trajectory"].versions.min()) for piece in pieces))
         batch = Samples.cat([self._samples(piece["trajectory"]) for piece in pieces], dim=0)
         batch = normalize(batch, self.algo, dist.all_reduce)
         count = batch.advantages.shape[0]
@@ -114,6 +120,9 @@ class ActorWorker(Worker):
         metrics["actor/skipped_updates"] = skipped
         metrics["actor/lr"] = lr
         metrics["actor/update_fraction"] = updates / max(planned, 1)
+        metrics["actor/version_lag"] = lag
+        metrics["time/actor_wait"] = waited
+        metrics["time/actor_busy"] = time.monotonic() - tic - waited
         return _mean_over_ranks(metrics)
 
     def _minibatch(self, batch: Samples, index: torch.Tensor, micro: int) -> dict[str, float]:
@@ -165,21 +174,27 @@ class ActorWorker(Worker):
             else:
                 with self.policy.frozen_reference():
                     ref = self._logprobs(self.policy, traj)
-        return training_samples(traj, self.algo, ref)
+        # a decoupled loss anchors on the policy as it is now, before this step's updates
+        proximal = self._logprobs(self.policy, traj, with_values=True) if self.proximal else None
+        return training_samples(traj, self.algo, ref, proximal)
 
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, traj: Trajectory) -> torch.Tensor:
-        """Per-token log-probs of the trajectory's actions under ``model``, in forward passes of
+    def _logprobs(self, model: torch.nn.Module, traj: Trajectory, with_values: bool = False) -> Any:
+        """Per-token log-probs of the trajectory's actions under ``model`` (and, with
+        ``with_values``, its values per sample or None), in forward passes of
         ``algorithm.logprob_forward_micro_batch_size`` samples."""
         steps, envs = traj.actions.shape[:2]
         flat = {k: v.flatten(0, 1) for k, v in traj.forward_inputs.items()}
         actions = traj.actions.flatten(0, 1)
         size = self.algo.logprob_forward_micro_batch_size
         model.eval()
-        parts = [model({k: v[i:i + size] for k, v in flat.items()}, actions[i:i + size]).logprobs
-                 for i in range(0, actions.shape[0], size)]
-        logprobs = torch.cat(parts)
-        return logprobs.reshape(steps, envs, *logprobs.shape[1:])
+        outs = [model({k: v[i:i + size] for k, v in flat.items()}, actions[i:i + size])
+                for i in range(0, actions.shape[0], size)]
+        logprobs = torch.cat([o.logprobs for o in outs])
+        logprobs = logprobs.reshape(steps, envs, *logprobs.shape[1:])
+        if not with_values:
+            return logprobs
+        return logprobs, None if outs[0].values is None else torch.cat([o.values.float() for o in outs])
 
     def _loss(self, mb: Samples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.autocast():
@@ -192,7 +207,8 @@ class ActorWorker(Worker):
             logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb.old_logprobs,
             advantages=mb.advantages, mask=mb.mask, token_mask=mb.token_mask, entropy=entropy,
             values=out.values.float() if mb.returns is not None else None, old_values=mb.old_values,
-            returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss, **self.loss_args,
+            returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss,
+            proximal_logprobs=mb.proximal_logprobs, **self.loss_args,
         )
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:

@@ -8,6 +8,7 @@ states): simulators rebuilt after ``offload``, or in a run resumed from a checkp
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -78,9 +79,12 @@ class EnvWorker(Worker):
             self.channel.put(obs_key(self.cfg, split, self.rank, stage), {"obs": obs[stage]})
         stats = self.stats[split]
         env_steps = 0
+        start, waited = time.monotonic(), 0.0
         for step in range(1, num_chunk_steps + 1):
             for stage, env in enumerate(envs):
+                tic = time.monotonic()
                 actions = self.channel.get(action_key(self.cfg, split, self.rank, stage))
+                waited += time.monotonic() - tic
                 obs[stage], rewards, terminations, truncations, infos = env.chunk_step(actions)
                 self._check_finite(split, step, stage, obs[stage], rewards)
                 stats.update(infos)
@@ -97,6 +101,8 @@ class EnvWorker(Worker):
         episodes = stats.num_episodes
         metrics = stats.pop(prefix=f"{split}/")
         metrics[f"{split}/env_steps"] = float(env_steps)
+        metrics[f"time/{split}_env_wait_s"] = waited  # for actions: the policy side bounds the rollout when long
+        metrics[f"time/{split}_env_busy_s"] = time.monotonic() - start - waited
         if self.cfg.env.non_finite == "mask":
             metrics[f"{split}/non_finite"] = float(self.masked.pop(split, 0))
         metrics.update(_env_metrics(envs, split, episodes))

