@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from omegaconf import DictConfig
 
 from core.errors import ConfigError
-from embodied.config import build_policy, chunk_steps, compose, training_steps
+from embodied import rlinf
+from embodied.config import build_policy, chunk_steps, compose, to_yaml, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
 
@@ -20,8 +21,25 @@ DEFAULT_CONFIG = "maniskill_ppo_mlp"
 def load(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None
          ) -> tuple[DictConfig, PlacementPlan]:
     """Compose, schema-check and validate; the one entry point for configs."""
-    cfg = compose(config_name, overrides, config_dir)
+    cfg = compose_any(config_name, overrides, config_dir)
     return cfg, validate(cfg)
+
+
+def compose_any(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
+    """Our config, or an RLinf experiment file carried over to our schema (embodied/rlinf.py)."""
+    if config_dir is not None and rlinf.is_rlinf_config(config_dir, config_name):
+        return rlinf.compose(config_name, overrides, config_dir)
+    return compose(config_name, overrides, config_dir)
+
+
+def config_yaml(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None
+                ) -> tuple[str, str | None]:
+    """The config as YAML of ours, and what could not be carried over (None when all was): an
+    RLinf experiment's native experiment file, or our composed config."""
+    if config_dir is not None and rlinf.is_rlinf_config(config_dir, config_name):
+        translation = rlinf.read(config_dir, config_name, overrides)
+        return translation.native_yaml(), translation.message() if translation.problems else None
+    return to_yaml(compose(config_name, overrides, config_dir)), None
 
 
 def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
@@ -69,6 +87,10 @@ def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argpa
                         help="print the resolved plan and exit without starting anything")
     if export:
         parser.add_argument("--out", required=True, help="folder to write the exported checkpoint into")
+    else:
+        parser.add_argument("--print-config", action="store_true",
+                            help="print the config as YAML of this framework and exit (an RLinf config: "
+                                 "its native experiment file)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.optim.lr=1e-4")
     return parser.parse_intermixed_args(argv)
 
@@ -76,6 +98,12 @@ def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argpa
 def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> int:
     args = _parse(argv, prog)
     try:
+        if args.print_config:
+            text, untranslated = config_yaml(args.config_name, [*extra, *args.overrides], args.config_path)
+            print(text, end="", flush=True)
+            if untranslated:
+                print(f"{prog}: config error: {untranslated}", file=sys.stderr)
+            return 2 if untranslated else 0
         cfg, plan = load(args.config_name, [*extra, *args.overrides], args.config_path)
     except ConfigError as err:
         print(f"{prog}: config error: {err}", file=sys.stderr)

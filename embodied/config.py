@@ -5,6 +5,7 @@ checked first. Semantic rules (ranges, divisibility, placement) live in ``embodi
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,43 +40,74 @@ def compose(
     config_name: str, overrides: Sequence[str] = (), config_dir: str | Path | None = None
 ) -> DictConfig:
     """Hydra composition of ``config_name`` with command-line style overrides, schema-checked
-    and fully resolved. Every failure is a ``ConfigError``."""
+    and fully resolved. Every failure is a ``ConfigError`` of one line."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    directory = Path(config_dir or schema.CONFIG_DIR)
     try:
-        cfg = _hydra_compose(Path(config_dir or schema.CONFIG_DIR), config_name, overrides)
+        cfg = hydra_compose(directory, config_name, overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        missing = re.match(r"Could not override '(actor\.model\.[\w.]+)'", str(err))
-        if missing:  # a key of other models' files (hydra would suggest appending it with +)
-            schema.other_models_key(missing.group(1), None)
-        raise ConfigError(f"{config_name}: {_one_line(err)}") from None
+        if str(err).startswith("Cannot find primary config"):
+            raise ConfigError(_no_such_config(config_name, directory)) from None
+        missing = re.match(r"Could not override '([\w.]+)'", str(err))
+        if missing:  # hydra would suggest appending it with +: say what is wrong with the key instead
+            _unknown_override(missing.group(1), config_name, overrides, directory)
+        raise ConfigError(f"{config_name}: cannot compose: {cause(err)}") from None
     schema.check_schema(cfg)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
-        raise ConfigError(f"cannot resolve {_one_line(err)}") from None
+        raise ConfigError(f"cannot resolve {one_line(err)}") from None
     OmegaConf.set_struct(cfg, True)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
+def _unknown_override(key: str, config_name: str, overrides: Sequence[str], directory: Path) -> None:
+    """An override of a key the config lacks: raise the schema's own message for it (``unknown
+    config key ...; did you mean ...?``, or which models read it), found by composing once more
+    with the key appended. A key the schema allows there (a simulator option) keeps Hydra's
+    message."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if key.startswith("actor.model."):
+        schema.other_models_key(key, None)
+    appended = [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
+    try:
+        retried = hydra_compose(directory, config_name, appended)
+    except (HydraException, OmegaConfBaseException):
+        return
+    schema.check_schema(retried)
+
+
+def _no_such_config(config_name: str, directory: Path) -> str:
+    """A config name that is not there, with the closest experiment files of that folder and
+    of the shipped ones."""
+    names = sorted({p.stem for d in (directory, schema.CONFIG_DIR) for p in Path(d).glob("*.yaml")} - {"base"})
+    close = difflib.get_close_matches(config_name, names, n=3, cutoff=0.5)
+    if close:
+        return f"no config named {config_name!r} in {directory}; did you mean {', '.join(close)}?"
+    return f"no config named {config_name!r} in {directory}; the configs are: {', '.join(names)}"
+
+
 def load_env_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """One group file of ``config/env`` composed on its own (with its defaults), for tests,
     benchmarks and scripts that run an env without a whole experiment config."""
-    return _hydra_compose(schema.CONFIG_DIR / "env", name, overrides)
+    return hydra_compose(schema.CONFIG_DIR / "env", name, overrides)
 
 
-def _hydra_compose(directory: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def hydra_compose(directory: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """Plain Hydra composition from one folder (no schema check, interpolations unresolved)."""
+    import hydra
     from hydra.core.global_hydra import GlobalHydra
 
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+        with hydra.initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
+            return hydra.compose(config_name=config_name, overrides=list(overrides))
     finally:
         GlobalHydra.instance().clear()
 
@@ -91,10 +123,20 @@ def build_policy(model_cfg: Mapping[str, Any]) -> Policy:
     return cls(options)
 
 
-def _one_line(err: Exception) -> str:
+def one_line(err: Exception) -> str:
     """Hydra and OmegaConf spread one error over several lines; keep it to one."""
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     return text or type(err).__name__
+
+
+def cause(err: BaseException) -> str:
+    """What a composition error comes down to, in one line: Hydra often raises a bare
+    ``ConfigCompositionException`` whose cause (an unset environment variable, a missing group
+    file) is only in the exception it chains; Hydra's listing of its search path is left out."""
+    while not str(err).strip() and (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).split("\n\nConfig search path:")[0]
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
 
 
 def training_steps(runner_cfg: Any) -> int:

@@ -137,8 +137,17 @@ BAD = [
     (["algorithm.loss_agg_func=mean"], "algorithm.loss_agg_func = 'mean': expected one of"),
     (["cluster.num_nodes=0"], "cluster.num_nodes = 0: expected a number >= 1"),
     (["actor.enable_offload=true", "actor.channel.queue_size=2"], "actor.channel.queue_size = 2: expected 0 (unbounded) with actor.enable_offload"),
-    (["actor.optim.lrr=1"], "Could not override 'actor.optim.lrr'"),
+    (["actor.optim.lrr=1"], "unknown config key actor.optim.lrr; did you mean actor.optim.lr?"),
     (["+trainer.lr=1"], "unknown config key trainer"),
+    (["algorithm.staleness_threshold=-1"], "algorithm.staleness_threshold = -1: expected a number >= 0"),
+    (["algorithm.staleness_threshold=1", "runner.only_eval=true"],
+     "algorithm.staleness_threshold = 1: expected 0 with runner.only_eval"),
+    (["algorithm.staleness_threshold=1", "env.enable_offload=true"],
+     "algorithm.staleness_threshold = 1: expected 0 with env.enable_offload"),
+    (["algorithm.loss_type=decoupled_actor_critic", "rollout.recompute_logprobs=true"],
+     "rollout.recompute_logprobs = True: expected false with algorithm.loss_type=decoupled_actor_critic"),
+    (["algorithm.behave_weight_threshold=2.0"], "algorithm.behave_weight_threshold: not supported here, because "
+                                                "algorithm.loss_type ppo weighs no samples by their staleness"),
 ]
 
 

@@ -1,0 +1,865 @@
+"""RLinf's experiment files come across (embodied/rlinf.py, docs/rlinf.md), and the config
+layer's messages for a misspelled key, a misspelled config name and a defaults list that
+cannot be composed.
+
+The RLinf configs below are written here in RLinf's published format (their groups, their
+``hydra/job_logging`` override and ``$EMBODIED_PATH`` search path, their key names): a ManiSkill
+PPO OpenVLA-OFT experiment in v0.1's style, a LIBERO GRPO OpenVLA-OFT one in the current style,
+and math GRPO experiments in both styles."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import stand_in_assets
+from omegaconf import OmegaConf
+
+from embodied import cli, rlinf
+from embodied.config import compose
+from embodied.schema import CONFIG_DIR, leaves
+
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
+HEADER = """defaults:
+{groups}  - override hydra/job_logging: stdout
+
+hydra:
+  run:
+    dir: .
+  output_subdir: null
+  searchpath:
+    - file://${{oc.env:EMBODIED_PATH}}/config/
+"""
+
+OFT_MODEL = """model_type: "openvla_oft"
+{version}model_path: "/path/to/model/oft/"
+precision: "bf16"
+value_type: action_level
+action_dim: 7
+num_action_chunks: 8
+use_proprio: False
+unnorm_key: bridge_orig
+center_crop: True
+add_value_head: False
+is_lora: False
+lora_rank: 32
+lora_path: null
+num_images_in_input: 1
+attn_implementation: "sdpa"
+low_cpu_mem_usage: True
+trust_remote_code: True
+policy_setup: "widowx_bridge"
+"""
+
+FSDP_V01 = """strategy: "fsdp"
+sharding_strategy: "full_shard"
+gradient_checkpointing: False
+cpu_offload: False
+offload_pin_memory: False
+reshard_after_forward: True
+enable_gradient_accumulation: True
+forward_prefetch: False
+limit_all_gathers: False
+backward_prefetch: null
+use_orig_params: False
+use_liger_kernel: False
+fsdp_size: -1
+mixed_precision:
+  param_dtype: null
+  reduce_dtype: null
+  buffer_dtype: null
+amp:
+  enabled: False
+  precision: "bf16"
+  use_grad_scaler: False
+"""
+
+FSDP_CURRENT = FSDP_V01.replace("""amp:
+  enabled: False
+  precision: "bf16"
+  use_grad_scaler: False
+""", """amp_autocast:
+  enabled: False
+  precision: "bf16"
+grad_scaler:
+  enabled: False
+""").replace("forward_prefetch: False", "forward_prefetch: True")
+
+MANISKILL_SCENE_V01 = """simulator_type: maniskill
+total_num_envs: null
+auto_reset: False
+ignore_terminations: False
+use_rel_reward: True
+reward_mode: raw
+seed: 0
+group_size: 1
+use_fixed_reset_state_ids: False
+max_steps_per_rollout_epoch: 80
+max_episode_steps: 80
+video_cfg:
+  save_video: False
+  info_on_video: True
+  video_base_dir: ${runner.logger.log_path}/video/train
+init_params:
+  id: "PutOnPlateInScene25Main-v3"
+  num_envs: null
+  obs_mode: "rgb+segmentation"
+  control_mode: null
+  sim_backend: "gpu"
+  sim_config:
+    sim_freq: 500
+    control_freq: 5
+  max_episode_steps: ${env.train.max_episode_steps}
+  sensor_configs:
+    shader_pack: "default"
+  render_mode: all
+  obj_set: train
+"""
+
+MANISKILL_PPO_V01 = HEADER.format(groups="""  - env/maniskill_scene@env.train
+  - env/maniskill_scene@env.eval
+  - model/openvla_oft@actor.model
+  - training_backend/fsdp@actor.fsdp_config
+""") + """
+cluster:
+  num_nodes: 1
+  component_placement:
+    actor: 0-1
+    env: 0
+    rollout: 1
+
+runner:
+  task_type: embodied
+  logger:
+    log_path: "{out}"
+    project_name: rlinf
+    experiment_name: "maniskill_ppo"
+    logger_backends: ["tensorboard"]
+  max_epochs: 100
+  max_steps: -1
+  only_eval: False
+  eval_policy_path: null
+  val_check_interval: -1
+  save_interval: 40
+  seq_length: 4096
+  max_prompt_length: 30
+  resume_dir: null
+
+algorithm:
+  normalize_advantages: True
+  kl_penalty: kl
+  group_size: 1
+  rollout_epoch: 1
+  eval_rollout_epoch: 1
+  reward_type: action_level
+  logprob_type: token_level
+  entropy_type: token_level
+  adv_type: gae
+  loss_type: actor_critic
+  loss_agg_func: "token-mean"
+  bootstrap_type: always
+  kl_beta: 0.0
+  entropy_bonus: 0
+  clip_ratio_high: 0.28
+  clip_ratio_low: 0.2
+  clip_ratio_c: 3.0
+  value_clip: 0.2
+  huber_delta: 10.0
+  gamma: 0.99
+  gae_lambda: 0.95
+  sampling_params:
+    do_sample: True
+    temperature_train: 1.0
+    temperature_eval: 0.6
+    top_k: 0
+    top_p: 1.0
+    repetition_penalty: 1.0
+  length_params:
+    max_new_token: null
+    max_length: 1024
+    min_length: 1
+
+env:
+  group_name: "EnvGroup"
+  channel:
+    name: "env_buffer_list"
+    queue_name: "obs_buffer"
+    queue_size: 0
+  enable_offload: False
+  train:
+    total_num_envs: 16
+    auto_reset: True
+    max_episode_steps: 80
+    max_steps_per_rollout_epoch: 160
+  eval:
+    total_num_envs: 8
+    auto_reset: True
+    ignore_terminations: True
+    max_episode_steps: 80
+    max_steps_per_rollout_epoch: 80
+    use_fixed_reset_state_ids: True
+
+rollout:
+  group_name: "RolloutGroup"
+  channel:
+    name: ${env.channel.name}
+    queue_name: "action_buffer"
+    queue_size: 0
+  mode: "colocate"
+  backend: "huggingface"
+  enable_offload: True
+  pipeline_stage_num: 1
+  model:
+    model_path: "/path/to/model/oft/"
+    precision: ${actor.model.precision}
+
+actor:
+  group_name: "ActorGroup"
+  channel:
+    name: ${env.channel.name}
+    queue_name: "replay_buffer"
+    queue_size: 0
+  training_backend: "fsdp"
+  micro_batch_size: 8
+  global_batch_size: 64
+  seed: 1234
+  enable_offload: True
+  model:
+    model_path: "/path/to/model/oft/"
+    model_type: "openvla_oft"
+    unnorm_key: bridge_orig
+    add_value_head: True
+    is_lora: True
+    lora_rank: 16
+    lora_path: ${oc.env:RLINF_TEST_LORA_DIR}
+  optim:
+    lr: 1.0e-4
+    value_lr: 3.0e-3
+    clip_grad: 10.0
+    critic_warmup_steps: 0
+  tokenizer:
+    tokenizer_type: "HuggingFaceTokenizer"
+    tokenizer_model: "/path/to/model/oft/"
+    use_fast: False
+    trust_remote_code: True
+    padding_side: "right"
+  fsdp_config:
+    strategy: "fsdp"
+    gradient_checkpointing: True
+    mixed_precision:
+      param_dtype: ${actor.model.precision}
+      reduce_dtype: ${actor.model.precision}
+      buffer_dtype: ${actor.model.precision}
+    amp:
+      enabled: True
+
+reward:
+  use_reward_model: False
+
+critic:
+  use_critic_model: False
+"""
+
+LIBERO_SUITE = """env_type: libero
+task_suite_name: libero_10
+total_num_envs: null
+auto_reset: False
+ignore_terminations: False
+max_steps_per_rollout_epoch: 512
+max_episode_steps: 512
+use_fixed_reset_state_ids: True
+use_ordered_reset_state_ids: False
+use_rel_reward: True
+reward_coef: 5.0
+reset_gripper_open: True
+is_eval: False
+seed: 0
+group_size: 1
+video_cfg:
+  save_video: False
+  info_on_video: True
+  video_base_dir: ${runner.logger.log_path}/video/train
+init_params:
+  camera_heights: 256
+  camera_widths: 256
+"""
+
+PATCH_SYNCER = """type: patch
+patch:
+  snapshot_device: cpu
+  delta_encoding: True
+  compression: none
+"""
+
+LIBERO_GRPO_CURRENT = HEADER.format(groups="""  - env/libero_10@env.train
+  - env/libero_10@env.eval
+  - model/openvla_oft@actor.model
+  - hybrid_engines/fsdp@actor.fsdp_config
+  - weight_syncer/patch_syncer@weight_syncer
+""") + """
+cluster:
+  num_nodes: 1
+  component_placement:
+    actor,env,rollout: all
+
+runner:
+  task_type: embodied
+  logger:
+    log_path: "{out}"
+    project_name: rlinf
+    experiment_name: "libero_10_grpo"
+    logger_backends: ["tensorboard"]
+  max_epochs: 200
+  max_steps: -1
+  only_eval: False
+  val_check_interval: -1
+  save_interval: 25
+  resume_dir: null
+  ckpt_path: null
+
+algorithm:
+  normalize_advantages: True
+  kl_penalty: kl
+  group_size: 4
+  reward_type: action_level
+  logprob_type: token_level
+  entropy_type: token_level
+  adv_type: grpo
+  loss_type: actor
+  loss_agg_func: "token-mean"
+  kl_beta: 0.0
+  entropy_bonus: 0
+  clip_ratio_high: 0.28
+  clip_ratio_low: 0.2
+  clip_ratio_c: 3.0
+  value_clip: 0.2
+  huber_delta: 10.0
+  gamma: 0.99
+  gae_lambda: 0.95
+  reward_coef: 5.0
+  filter_rewards: True
+  rewards_lower_bound: 1.0
+  rewards_upper_bound: 4.0
+
+env:
+  group_name: "EnvGroup"
+  train:
+    rollout_epoch: 2
+    total_num_envs: 16
+    group_size: ${algorithm.group_size}
+    max_steps_per_rollout_epoch: 512
+    max_episode_steps: 512
+    use_fixed_reset_state_ids: True
+    use_ordered_reset_state_ids: True
+    reset_gripper_open: False
+    enable_offload: False
+  eval:
+    rollout_epoch: 1
+    total_num_envs: 16
+    auto_reset: True
+    ignore_terminations: True
+    max_episode_steps: 512
+    max_steps_per_rollout_epoch: 512
+    group_size: 1
+    use_fixed_reset_state_ids: True
+    use_ordered_reset_state_ids: True
+    reset_gripper_open: False
+    is_eval: True
+    enable_offload: False
+
+rollout:
+  sampling_params:
+    do_sample: True
+    temperature_train: 1.6
+    temperature_eval: 1.6
+    top_k: -1
+    top_p: 1.0
+    repetition_penalty: 1.0
+  group_name: "RolloutGroup"
+  generation_backend: "huggingface"
+  enable_offload: True
+  pipeline_stage_num: 1
+  model:
+    model_path: "/path/to/model/oft/"
+    precision: ${actor.model.precision}
+
+actor:
+  group_name: "ActorGroup"
+  training_backend: "fsdp"
+  micro_batch_size: 16
+  global_batch_size: 512
+  seed: 1234
+  enable_offload: True
+  model:
+    model_path: "/path/to/model/oft/"
+    model_type: "openvla_oft"
+    max_prompt_length: 64
+  optim:
+    lr: 2.0e-5
+    value_lr: 3.0e-3
+    adam_beta1: 0.9
+    adam_beta2: 0.999
+    adam_eps: 1.0e-08
+    weight_decay: 0.01
+    clip_grad: 1.0
+  fsdp_config:
+    strategy: "fsdp"
+    gradient_checkpointing: True
+    mixed_precision:
+      param_dtype: ${actor.model.precision}
+      reduce_dtype: ${actor.model.precision}
+      buffer_dtype: ${actor.model.precision}
+
+reward:
+  use_reward_model: False
+
+critic:
+  use_critic_model: False
+"""
+
+MATH_GRPO = """defaults:
+{groups}  - override hydra/job_logging: stdout
+
+hydra:
+  run:
+    dir: .
+  output_subdir: null
+
+cluster:
+  num_nodes: 1
+  component_placement:
+    actor,rollout,reward: all
+
+runner:
+  task_type: reasoning
+  logger:
+    log_path: ${{runner.output_dir}}/${{runner.experiment_name}}
+    project_name: rlinf
+    experiment_name: ${{runner.experiment_name}}
+    logger_backends: ["tensorboard"]
+  max_epochs: 3
+  max_steps: -1
+  val_check_interval: 1
+  save_interval: 50
+  seq_length: 24
+  enable_dynamic_batch_size: False
+  max_tokens_per_mbs: 4096
+  resume_dir: null
+  experiment_name: grpo-tiny
+  output_dir: {out}
+
+algorithm:
+  group_size: 4
+  n_minibatches: 2
+  training_batch_size_per_gpu: 2
+  rollout_batch_size_per_gpu: null
+  logprob_forward_micro_batch_size: 1
+  val_rollout_batch_size_per_gpu: 4
+  recompute_logprobs: True
+  shuffle_rollout: True
+  loss_type: actor
+  loss_agg_func: "token-mean"
+  kl_beta: 0.0
+  kl_penalty_type: k3
+  ratio_clip_eps: 0.2
+  entropy_bonus: 0.0
+  calculate_entropy: False
+  clip_ratio_c: null
+  clip_ratio_low: null
+  clip_ratio_high: null
+  adv_type: grpo
+  normalize_advantages: True
+  early_stop_imp_ratio: 5.0
+  use_valid_token_scale: False
+  sampling_params:
+    do_sample: True
+    temperature: 0.9
+    top_k: 1000000
+    top_p: 1.0
+    repetition_penalty: 1.0
+    max_new_tokens: ${{subtract:${{runner.seq_length}}, ${{data.max_prompt_length}}}}
+    min_new_tokens: 1
+
+rollout:
+  group_name: "RolloutGroup"
+  gpu_memory_utilization: 0.55
+  model:
+    model_path: {model}
+    model_type: qwen2.5
+    precision: fp32
+  enforce_eager: False
+  distributed_executor_backend: mp
+  disable_log_stats: False
+  detokenize: False
+  padding: null
+  eos: null
+  rollout_backend: vllm
+  sglang:
+    attention_backend: triton
+    decode_log_interval: 500000
+    use_torch_compile: False
+    torch_compile_max_bs: 128
+  vllm:
+    attention_backend: FLASH_ATTN
+    enable_chunked_prefill: True
+    enable_prefix_caching: True
+  return_logprobs: ${{not:${{algorithm.recompute_logprobs}}}}
+  tensor_parallel_size: 1
+  pipeline_parallel_size: 1
+  validate_weight: False
+  validate_save_dir: null
+  print_outputs: False
+  max_running_requests: 64
+  cuda_graph_max_bs: 128
+
+data:
+  type: math
+  dataset_name: boba
+  max_prompt_length: 8
+  filter_prompt_by_length: True
+  rollout_batch_size: 8
+  val_rollout_batch_size: null
+  num_workers: 2
+  shuffle: True
+  validation_shuffle: True
+  seed: 1234
+  train_data_paths: ["{data}/train.jsonl"]
+  val_data_paths: ["{data}/test.jsonl"]
+  prompt_key: prompt
+  answer_key: answer
+  apply_chat_template: False
+
+actor:
+  group_name: "ActorGroup"
+  training_backend: fsdp
+  mcore_gpt: True
+  spec_name: decoder_gpt
+  enable_offload: False
+  global_batch_size: 8
+  micro_batch_size: 1
+  enable_dp_load_balance: False
+  calculate_flops: False
+  seed: 1234
+  model:
+    model_type: ${{rollout.model.model_type}}
+    model_path: {model}
+    precision: fp32
+    is_lora: False
+    seq_length: ${{runner.seq_length}}
+    encoder_seq_length: ${{runner.seq_length}}
+  optim:
+    optimizer: adam
+    bf16: True
+    fp16: False
+    lr: 1e-05
+    adam_beta1: 0.9
+    adam_beta2: 0.95
+    adam_eps: 1.0e-05
+    min_lr: 1.0e-6
+    weight_decay: 0.01
+    use_distributed_optimizer: True
+    overlap_grad_reduce: False
+    overlap_param_gather: False
+    optimizer_enable_pin: false
+    overlap_param_gather_with_optimizer_step: False
+    clip_grad: 1.0
+    loss_scale: 65536
+  lr_sched:
+    lr_warmup_fraction: 0.01
+    lr_warmup_init: 0.0
+    lr_warmup_iters: 0
+    max_lr: 1.0e-5
+    min_lr: 0.0
+    lr_decay_style: constant
+    lr_decay_iters: 10
+  tokenizer:
+    tokenizer_model: {model}
+    use_fast: True
+    trust_remote_code: False
+    padding_side: 'right'
+{fsdp}
+reward:
+  group_name: "RewardGroup"
+  use_reward_model: false
+  reward_type: 'math'
+  reward_scale: 1.0
+  tokenizer:
+    tokenizer_model: ${{actor.tokenizer.tokenizer_model}}
+    use_fast: ${{actor.tokenizer.use_fast}}
+    trust_remote_code: ${{actor.tokenizer.trust_remote_code}}
+    padding_side: ${{actor.tokenizer.padding_side}}
+
+critic:
+  use_critic_model: false
+"""
+
+MATH_FSDP = {  # v0.1 writes fsdp_config (with amp.*) in the file; current files take a group
+    "v0.1": ("", "  fsdp_config:\n" + "".join(f"    {line}\n" for line in FSDP_V01.replace(
+        'enabled: False\n  precision: "bf16"', 'enabled: True\n  precision: "bf16"').splitlines())),
+    "current": ("  - ../hybrid_engines/fsdp@actor.fsdp_config\n", ""),
+}
+
+
+def _write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture
+def maniskill_v01(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("EMBODIED_PATH", raising=False)
+    monkeypatch.delenv("RLINF_TEST_LORA_DIR", raising=False)
+    return _write(tmp_path / "embodiment" / "config", {
+        "env/maniskill_scene.yaml": MANISKILL_SCENE_V01,
+        "model/openvla_oft.yaml": OFT_MODEL.format(version=""),
+        "training_backend/fsdp.yaml": FSDP_V01,
+        "maniskill_ppo_openvlaoft.yaml": MANISKILL_PPO_V01.replace("{out}", str(tmp_path / "results")),
+    })
+
+
+@pytest.fixture
+def libero_current(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("EMBODIED_PATH", raising=False)
+    return _write(tmp_path / "embodiment" / "config", {
+        "env/libero_10.yaml": LIBERO_SUITE,
+        "model/openvla_oft.yaml": OFT_MODEL.format(version='implement_version: "rlinf"\n'),
+        "hybrid_engines/fsdp.yaml": FSDP_CURRENT,
+        "weight_syncer/patch_syncer.yaml": PATCH_SYNCER,
+        "libero_10_grpo_openvlaoft.yaml": LIBERO_GRPO_CURRENT.replace("{out}", str(tmp_path / "results")),
+    })
+
+
+@pytest.fixture(scope="module")
+def tiny_oft(tmp_path_factory) -> Path:
+    from policies.openvla_oft.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_oft"))
+
+
+def _math(folder: Path, style: str, tiny: dict[str, Path]) -> Path:
+    groups, fsdp = MATH_FSDP[style]
+    text = MATH_GRPO.format(groups=groups, fsdp=fsdp, out=folder / "results", model=tiny["model"], data=tiny["data"])
+    return _write(folder / "reasoning" / "config", {"math/qwen2.5-grpo-fsdp.yaml": text,
+                                                     "hybrid_engines/fsdp.yaml": FSDP_CURRENT}) / "math"
+
+
+def _run(capsys, folder: Path, name: str, *args: str) -> tuple[int, str, str]:
+    code = cli._main(["--config-path", str(folder), "--config-name", name, *args], "embodied-train")
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _listed(err: str) -> list[str]:
+    """The keys of the one message's lines (``  - <key> = value: why`` or ``<node>.* (n keys)``)."""
+    return [re.split(r" = | \(", line.strip()[2:])[0] for line in err.splitlines() if line.startswith("  - ")]
+
+
+# ------------------------------------------------------------------ recognizing the format
+def test_rlinf_files_are_recognized_and_ours_are_not(maniskill_v01, tmp_path):
+    assert rlinf.is_rlinf_config(maniskill_v01, "maniskill_ppo_openvlaoft")
+    assert not any(rlinf.is_rlinf_config(CONFIG_DIR, name) for name in SHIPPED)
+    (tmp_path / "ours.yaml").write_text("defaults:\n  - base\n  - _self_\nhydra:\n  searchpath:\n"
+                                        "    - file://${oc.env:EMBODIED_PATH}/config/\n")
+    assert not rlinf.is_rlinf_config(tmp_path, "ours")  # our schema first: a config of ours
+
+
+def test_our_configs_compose_exactly_as_before():
+    for name in SHIPPED:
+        ours = OmegaConf.to_container(compose(name))
+        assert OmegaConf.to_container(cli.compose_any(name, (), str(CONFIG_DIR))) == ours
+
+
+# ------------------------------------------------------------------ v0.1 ManiSkill PPO: one message
+def test_maniskill_v01_lists_every_key_it_cannot_carry_over_in_one_message(maniskill_v01, capsys):
+    """Before: a bare ConfigCompositionException ($EMBODIED_PATH unset). Now: composed from its
+    folder, every key that has no equivalent listed once, with its reason; exit code 2."""
+    code, _, err = _run(capsys, maniskill_v01, "maniskill_ppo_openvlaoft", "--dry-run")
+    assert code == 2
+    assert err.count("config error") == 1
+    listed = _listed(err)
+    for split in ("train", "eval"):
+        for key in ("sim_config.sim_freq", "sim_config.control_freq", "sensor_configs.shader_pack",
+                    "render_mode", "obj_set"):
+            assert f"env.{split}.init_params.{key}" in listed
+    assert {"env.train.max_steps_per_rollout_epoch", "algorithm.huber_delta",
+            "algorithm.sampling_params.temperature_eval", "actor.model.lora_path"} <= set(listed)
+    assert len(listed) == 14 and f"{len(listed)} setting(s)" in err
+    assert "actor.model.lora_path (unresolved): cannot resolve it" in err
+    assert "env.eval.max_steps_per_rollout_epoch" not in listed  # 80 = its max_episode_steps
+
+
+def test_maniskill_v01_renamed_keys_land_where_they_should(maniskill_v01):
+    values = rlinf.read(maniskill_v01, "maniskill_ppo_openvlaoft").values
+    expected = {
+        "env.train.env_type": "maniskill",                      # simulator_type (v0.1)
+        "algorithm.sampling_params.temperature": 1.0,          # temperature_train
+        "algorithm.bootstrap_at_done": "always",               # bootstrap_type
+        "algorithm.loss_type": "ppo",                          # actor_critic
+        "actor.fsdp_config.amp_autocast.enabled": True,        # amp.enabled (v0.1)
+        "actor.model.gradient_checkpointing": True,            # fsdp_config.gradient_checkpointing
+        "actor.fsdp_config.strategy": "fsdp2",                 # fsdp
+        "actor.fsdp_config.mixed_precision.param_dtype": "bf16",
+        "actor.model.action_head": "discrete",                 # RLinf's OFT variant (its default)
+        "actor.model.action_stop_token": False,
+        "actor.model.normalize_gripper": True,                 # widowx_bridge binarizes the gripper
+        "env.train.init_params.control_mode": "arm_pd_ee_target_delta_pose_align2_gripper_pd_joint_pos",
+        "runner.experiment_name": "maniskill_ppo",
+        "cluster.component_placement.actor": "0-1",
+    }
+    assert {key: values.get(key) for key in expected} == expected
+    dropped = ("rollout.model.model_path", "rollout.mode", "actor.model.trust_remote_code", "actor.tokenizer.use_fast",
+               "actor.tokenizer.padding_side", "actor.fsdp_config.mixed_precision.buffer_dtype")
+    assert not any(key in values for key in dropped)  # same as the actor's / implied here
+
+
+# ------------------------------------------------------------------ current LIBERO GRPO: dry-run
+ACCEPT_LIBERO = ["rollout.sampling_params.temperature_eval=0", "env.train.reset_gripper_open=true",
+                 "env.eval.reset_gripper_open=true"]
+
+
+def _libero_paths(model: Path, assets: Path) -> list[str]:
+    return [f"actor.model.model_path={model}", f"rollout.model.model_path={model}", "actor.model.unnorm_key=tiny_dataset",
+            *(f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval"))]
+
+
+def test_libero_current_reports_what_differs_and_dry_runs_once_accepted(libero_current, tiny_oft, tmp_path, capsys):
+    assets = stand_in_assets(tmp_path / "libero_assets")
+    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
+                        *_libero_paths(tiny_oft, assets))
+    assert code == 2
+    assert sorted(_listed(err)) == ["env.eval.reset_gripper_open", "env.train.reset_gripper_open",
+                                    "rollout.sampling_params.temperature_eval"]
+    assert "override it with true to accept that" in err and "override it with 0 to accept that" in err
+
+    code, out, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
+                          *_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO)
+    assert code == 0, err
+    assert "config OK" in out and "libero libero_10, 16 envs, 512 steps/episode, group_size 4" in out
+
+
+def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tmp_path):
+    assets = stand_in_assets(tmp_path / "libero_assets")
+    cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO,
+                                                      "rollout.sampling_params.temperature_train=0.7"], libero_current)
+    model, train, evaluate = cfg.actor.model, cfg.env.train, cfg.env.eval
+    assert cfg.algorithm.sampling_params.temperature == 0.7  # an override in RLinf's key space, renamed
+    assert cfg.algorithm.sampling_params.top_k == -1         # rollout.sampling_params.* moved
+    assert cfg.algorithm.rollout_epoch == 2                  # env.train.rollout_epoch
+    assert (cfg.algorithm.adv_type, cfg.algorithm.loss_type, cfg.algorithm.group_size) == ("grpo", "ppo", 4)
+    assert cfg.algorithm.filter_rewards  # bounds 1.0 / 4.0 keep exactly the mixed groups of 4 at coef 5
+    assert (model.model_type, model.action_head, model.action_stop_token) == ("openvla_oft", "discrete", False)
+    assert model.normalize_gripper and model.invert_gripper  # RLinf's LIBERO gripper convention
+    assert model.gradient_checkpointing and model.max_prompt_length == 64
+    assert cfg.rollout.model.model_path is None and cfg.rollout.backend == "huggingface"
+    assert cfg.actor.fsdp_config.strategy == "fsdp2"
+    assert (train.group_size, train.max_episode_steps, train.reward_coef) == (4, 512, 5.0)
+    assert train.init_params.num_settle_steps == 15 and train.init_params.camera_heights == 256
+    assert evaluate.each_reset_state_once and not evaluate.auto_reset and evaluate.ignore_terminations
+    assert cfg.runner.experiment_name == "libero_10_grpo"
+
+
+def test_eval_only_leaves_the_training_envs_settings_alone(libero_current):
+    """embodied-eval (runner.only_eval): the training envs do not run, so what differs there is
+    not reported."""
+    problems = rlinf.read(libero_current, "libero_10_grpo_openvlaoft", ["runner.only_eval=true"]).problems
+    assert sorted(problems) == ["env.eval.reset_gripper_open", "rollout.sampling_params.temperature_eval"]
+
+
+def test_print_config_writes_a_native_file_that_composes_to_the_same_config(libero_current, tiny_oft, tmp_path,
+                                                                            capsys):
+    assets = stand_in_assets(tmp_path / "libero_assets")
+    overrides = [*_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO]
+    code, out, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--print-config", *overrides)
+    assert code == 0 and not err
+    elsewhere = _write(tmp_path / "mine", {"libero_10_grpo.yaml": out})
+    native = compose("libero_10_grpo", (), elsewhere)
+    translated = rlinf.compose("libero_10_grpo_openvlaoft", overrides, libero_current)
+    assert OmegaConf.to_container(native) == OmegaConf.to_container(translated)
+
+
+def test_print_config_with_untranslated_keys_lists_them_atop_and_exits_2(maniskill_v01, capsys):
+    code, out, err = _run(capsys, maniskill_v01, "maniskill_ppo_openvlaoft", "--print-config")
+    assert code == 2
+    assert out.startswith("# maniskill_ppo_openvlaoft, translated") and "defaults:" in out
+    assert "#   algorithm.huber_delta = 10.0: the value loss here is squared error" in out
+    assert err.count("config error") == 1
+
+
+def test_an_override_of_a_key_neither_rlinf_nor_we_have_is_listed_with_a_suggestion(libero_current, capsys):
+    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "runner.max_epoch=3", *ACCEPT_LIBERO)
+    assert code == 2
+    assert "runner.max_epoch = 3: no counterpart here; did you mean runner.max_epochs?" in err
+
+
+# ------------------------------------------------------------------ math GRPO in both styles
+ACCEPT_MATH = ["data.apply_chat_template=true", "rollout.rollout_backend=huggingface"]
+
+
+@pytest.mark.parametrize("style", ["v0.1", "current"])
+def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_path, capsys):
+    folder = _math(tmp_path, style, tiny_math)
+    code, _, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run")
+    assert code == 2
+    assert "data.apply_chat_template = False: the text env applies the tokenizer's chat template" in err
+
+    code, out, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run", *ACCEPT_MATH)
+    assert code == 0, err
+    assert "config OK" in out and "experiment: grpo-tiny (math)" in out
+    cfg = rlinf.compose("qwen2.5-grpo-fsdp", ACCEPT_MATH, folder)
+    assert cfg.runner.task_type == "math" and cfg.actor.model.model_type == "causal_lm"
+    assert cfg.actor.micro_batch_size == 2          # algorithm.training_batch_size_per_gpu
+    assert cfg.actor.global_batch_size == 16        # rollout_batch_size 8 x group 4 / n_minibatches 2
+    assert cfg.algorithm.kl_penalty_type == "low_var_kl" and cfg.rollout.recompute_logprobs
+    assert cfg.algorithm.sampling_params.temperature == 0.9 and cfg.algorithm.sampling_params.max_new_tokens == 16
+    assert set(cfg.cluster.component_placement) == {"actor,rollout,env"}  # RLinf's reward worker
+    assert cfg.actor.tokenizer.padding_side == "left" and cfg.actor.fsdp_config.strategy == "fsdp2"
+    assert cfg.actor.fsdp_config.amp_autocast.enabled == (style == "v0.1")
+    assert cfg.actor.fsdp_config.mixed_precision.param_dtype == "fp32"  # null: no mixed-precision policy
+    assert not cfg.actor.optim.fp16 and cfg.actor.optim.use_distributed_optimizer  # Megatron's, dropped
+    assert cfg.data.train_data_paths == [str(tiny_math["data"] / "train.jsonl")]
+
+
+# ------------------------------------------------------------------ the table
+def test_every_renamed_key_lands_on_a_key_of_our_schema():
+    ours = set(leaves())
+    nodes = {key.rsplit(".", n)[0] for key in ours for n in range(1, key.count(".") + 1)}
+    for their, rule in rlinf.RLINF_KEYS.items():
+        if isinstance(rule, rlinf.Rename):
+            assert rule.to.replace("*", "train") in ours | nodes, their
+
+
+def test_docs_list_every_key_of_the_table():
+    docs = (CONFIG_DIR.parent / "docs" / "rlinf.md").read_text()
+    named = set(re.findall(r"`([\w.*]+)`", docs))
+    missing = [key for key in rlinf.RLINF_KEYS
+               if key not in rlinf.FSDP_MEGATRON_KEYS and key not in named and f"{key}.*" not in named]
+    assert missing == []
+    assert "FSDP_MEGATRON_KEYS" in docs
+
+
+# ------------------------------------------------------------------ the config layer's messages
+def test_a_misspelled_key_gets_our_message_with_its_suggestion(capsys):
+    code, _, err = _run(capsys, CONFIG_DIR, "maniskill_ppo_mlp", "runner.max_epoch=5")
+    assert code == 2
+    assert err == "embodied-train: config error: unknown config key runner.max_epoch; did you mean runner.max_epochs?\n"
+
+
+def test_a_misspelled_config_name_lists_the_closest_configs(capsys):
+    code, _, err = _run(capsys, CONFIG_DIR, "maniskill_ppo_mpl")
+    assert code == 2
+    assert err == (f"embodied-train: config error: no config named 'maniskill_ppo_mpl' in {CONFIG_DIR}; "
+                   "did you mean maniskill_ppo_mlp, maniskill_grpo_mlp, maniskill_ppo_cnn?\n")
+
+
+def test_a_defaults_list_that_cannot_be_composed_says_why_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MY_CONFIGS", raising=False)
+    _write(tmp_path, {"exp.yaml": "defaults:\n  - base\n  - model/mlp@actor.model\n  - _self_\n"
+                                  "hydra:\n  searchpath:\n    - file://${oc.env:MY_CONFIGS}/config\n"})
+    code, _, err = _run(capsys, tmp_path, "exp")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith("embodied-train: config error: exp: cannot compose: ")
+    assert "Environment variable 'MY_CONFIGS' not found" in err
