@@ -288,6 +288,42 @@ def check_config(env_cfg: Any) -> Setup:
     return Setup(suite, tuple(tasks), span[0], span[1] - span[0], p, folder)
 
 
+def suite_task_description(name: str) -> str | None:
+    """The instruction this adapter gives the suite task ``name`` (its BDDL file's name without
+    the suffix), or None for a task of no suite. It is LIBERO's benchmark wording, made from the
+    file name, which for 29 of the 130 suite tasks differs from the ``(:language ...)`` of the
+    BDDL file that LIBERO's datasets store ("pick up the black bowl ..." vs "pick the akita
+    black bowl ..."): the demonstration reader (envs/demos.py) gives this one, as the env does."""
+    ensure_libero_config()
+    from libero.libero.benchmark import task_maps
+
+    for tasks in task_maps.values():
+        if name in tasks:
+            return tasks[name].language
+    return None
+
+
+def upright(images: np.ndarray) -> np.ndarray:
+    """Camera images ``[..., H, W, 3]`` turned by 180 degrees: robosuite renders in OpenGL order
+    (upside down), OpenVLA-OFT's and openpi's LIBERO policies see them upright."""
+    return images[..., ::-1, ::-1, :]
+
+
+def proprio_state(eef_pos: np.ndarray, eef_axis_angle: np.ndarray, gripper_qpos: np.ndarray) -> np.ndarray:
+    """``states [..., 8]``: end-effector position (3), orientation as axis-angle (3), the two
+    gripper finger positions (2); LIBERO's datasets hold the first six as ``ee_states``."""
+    return np.concatenate([eef_pos, eef_axis_angle, gripper_qpos], axis=-1).astype(np.float32)
+
+
+def libero_gripper(actions: np.ndarray, gripper_open_action: int) -> np.ndarray:
+    """Actions ``[..., 7]`` with the gripper (last dim) turned between the policy's convention
+    (``init_params.gripper_open_action``) and LIBERO's (-1 opens): the sign flips when the
+    policy's is +1, so the same call maps LIBERO's datasets to the policy's convention."""
+    out = np.array(actions, copy=True)
+    out[..., -1] *= -float(gripper_open_action)
+    return out
+
+
 def _quat2axisangle(quat: np.ndarray) -> np.ndarray:
     """Axis-angle of an (x, y, z, w) quaternion, as robosuite's ``quat2axisangle``."""
     from robosuite.utils.transform_utils import quat2axisangle
@@ -315,7 +351,6 @@ class LiberoEnv:
         self.task_index: int | None = None
         self.env: Any = None
         self._raw: dict[str, np.ndarray] = {}
-        self._flip = float(p["gripper_open_action"]) * -1.0  # +1: as given; -1: flip the gripper
 
     def _build(self, task_index: int) -> None:
         ensure_libero_config()
@@ -371,19 +406,18 @@ class LiberoEnv:
             self._raw, _, _, _ = self.env.step(noop)
 
     def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
-        action = np.asarray(action, np.float64).copy()
-        action[-1] *= self._flip
+        action = libero_gripper(np.asarray(action, np.float64), self.setup.params["gripper_open_action"])
         self._raw, reward, done, _ = self.env.step(action)
         return float(reward), bool(done), bool(done)
 
     def observation(self) -> dict[str, np.ndarray]:
         raw = self._raw
-        state = np.concatenate([raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
-                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        state = proprio_state(raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
+                              raw["robot0_gripper_qpos"])
         cams = self.setup.params
-        obs = {"main_images": raw[f"{cams['main_camera']}_image"][::-1, ::-1], "states": state}
+        obs = {"main_images": upright(raw[f"{cams['main_camera']}_image"]), "states": state}
         if cams["wrist_camera"]:
-            obs["wrist_images"] = raw[f"{cams['wrist_camera']}_image"][::-1, ::-1]
+            obs["wrist_images"] = upright(raw[f"{cams['wrist_camera']}_image"])
         return obs
 
     def close(self) -> None:

@@ -2,10 +2,17 @@
 
 ``init_params`` (see config/env/maniskill_*.yaml) pick the task by ``id``, ``obs_mode``
 (``state``: ``states`` only; ``rgb``: ``main_images``, ``wrist_images`` when the robot carries
-``wrist_camera``, and the robot's proprioception plus task extras as ``states``), the
+``wrist_camera``, and the robot's proprioception plus task extras as ``states``; ``rgb+state``:
+what ``rgb`` gives plus ``privileged_states``, the full state vector ``state`` gives, so that a
+state policy can drive an env that records what a VLA sees, see embodied/record.py), the
 ``control_mode``, the camera size and ``sim_backend``. With ``video_cfg.save_video`` on and
 ``obs_mode: state`` the scene is also rendered (``render_mode="rgb_array"``, at the camera size)
 once per observation for the video recorder; otherwise nothing is rendered.
+
+Rendering is most of a step's cost on a CPU (lavapipe), so only what the policy reads is
+rendered: the cameras named ``main_camera`` and ``wrist_camera`` (ManiSkill renders every
+camera of the task and robot otherwise), and on the CPU simulation only the observation that is
+read, once per chunk (ManiSkill computes one after every step otherwise).
 
 - ``cpu``: ManiSkill's CPU simulation holds one scene per env instance, so the envs run in
   subprocesses (``SubprocVectorEnv``: blocks of envs, one process per core unless
@@ -23,10 +30,12 @@ it, before SAPIEN creates its Vulkan instance, in this process and in every env 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +65,16 @@ select_vulkan_driver()
 import gymnasium as gym  # noqa: E402  (after the Vulkan driver is chosen)
 import mani_skill.envs  # noqa: E402,F401  (registers the tasks)
 import torch  # noqa: E402
+from mani_skill.envs.utils.observations import parse_obs_mode_to_struct  # noqa: E402
 from mani_skill.utils import assets  # noqa: E402
 from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 
 from envs.subproc import single_env_batch  # noqa: E402
 
-OBS_MODES = ("state", "rgb")
+OBS_MODES = ("state", "rgb", "rgb+state")
+# obs_mode rgb+state: the full state vector obs_mode state gives (proprioception plus object and
+# goal poses), for a state policy driving an env with cameras; VLAs never read it
+PRIVILEGED_STATES = "privileged_states"
 SIM_BACKENDS = ("cpu", "gpu")
 PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
           "camera_heights", "camera_widths", "main_camera", "wrist_camera")
@@ -127,26 +140,38 @@ def check_params(init_params: Any) -> dict[str, Any]:
     return p
 
 
-def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool) -> gym.Env:
-    """``gym.make`` for these params (``render``: frames of the task's render camera at the
-    camera size), turning ManiSkill's failures into clear messages."""
+def has_cameras(p: Mapping[str, Any]) -> bool:
+    """Whether these params' observations hold camera images (``rgb``, ``rgb+state``)."""
+    return p["obs_mode"] != "state"
+
+
+def make_kwargs(p: Mapping[str, Any], num_envs: int, max_episode_steps: int, render: bool = False) -> dict[str, Any]:
+    """The ``gym.make`` keyword arguments of these params (``render``: frames of the task's
+    render camera at the camera size); with ManiSkill's trajectory files they are the
+    ``env_kwargs`` that rebuild the env (envs/demos.py)."""
     lavapipe = select_vulkan_driver()
     kwargs: dict[str, Any] = dict(
-        num_envs=num_envs, obs_mode=p["obs_mode"], control_mode=p["control_mode"],
-        reward_mode=p["reward_mode"], sim_backend=p["sim_backend"],
+        num_envs=num_envs, obs_mode="rgb" if has_cameras(p) else "state",
+        control_mode=p["control_mode"], reward_mode=p["reward_mode"], sim_backend=p["sim_backend"],
         max_episode_steps=max_episode_steps,
     )
     if lavapipe or not torch.cuda.is_available():
         kwargs["render_backend"] = "cpu"
     if p["robot_uids"] is not None:
         kwargs["robot_uids"] = p["robot_uids"]
-    if p["obs_mode"] == "rgb":
+    if has_cameras(p):
         kwargs["sensor_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
     if render:
         kwargs["render_mode"] = "rgb_array"
         kwargs["human_render_camera_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
+    return kwargs
+
+
+def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool) -> gym.Env:
+    """``gym.make`` for these params, rendering only the cameras the policy reads, turning
+    ManiSkill's failures into clear messages."""
     try:
-        return gym.make(p["id"], **kwargs)
+        env = gym.make(p["id"], **make_kwargs(p, num_envs, max_episode_steps, render))
     except AssertionError as e:
         if "not in supported modes" in str(e):
             supported = str(e).split(": ", 1)[-1]
@@ -166,32 +191,72 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool
                 "picked up automatically); with an NVIDIA GPU: install its driver's Vulkan ICD; "
                 "or set VK_ICD_FILENAMES to a working driver's json") from None
         raise
+    if has_cameras(p):
+        try:
+            _keep_cameras(env, p)
+        except EnvSetupError:
+            env.close()
+            raise
+    return env
+
+
+def _keep_cameras(env: gym.Env, p: dict[str, Any]) -> None:
+    """Drop the cameras other than ``main_camera`` and ``wrist_camera`` from ManiSkill's sensors,
+    which it renders at every observation: it has no option to leave a camera out, and each one
+    costs about as much as the rest of a step. Called again after a reset that rebuilt them."""
+    base = env.unwrapped
+    if p["main_camera"] not in base._sensors:
+        raise EnvSetupError(f"env.init_params.main_camera={p['main_camera']!r} is not a camera of "
+                            f"{p['id']}; it has {sorted(base._sensors)}")
+    kept = {k: v for k, v in base._sensors.items() if k in (p["main_camera"], p["wrist_camera"])}
+    base._sensors = base.scene.sensors = kept
+
+
+@contextlib.contextmanager
+def _obs_mode(env: gym.Env, mode: str) -> Iterator[None]:
+    """ManiSkill computes observations for the obs mode fixed at construction, with no public
+    way to ask for another; this swaps it (and the parsed form its tasks read) meanwhile:
+    ``none`` to step without an observation, ``state`` for the privileged state vector."""
+    base = env.unwrapped
+    saved = base._obs_mode, base.obs_mode_struct
+    base._obs_mode, base.obs_mode_struct = mode, parse_obs_mode_to_struct(mode)
+    try:
+        yield
+    finally:
+        base._obs_mode, base.obs_mode_struct = saved
 
 
 def _to_numpy(x: Any) -> np.ndarray:
     return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
+def proprio_states(groups: Sequence[Mapping[str, Any]], batch: int) -> np.ndarray:
+    """``states`` of an observation with cameras: every array of ManiSkill's ``agent`` then
+    ``extra`` groups, in their order, flattened per env and concatenated (booleans as 0/1). The
+    demonstration reader (envs/demos.py) applies it to ManiSkill's trajectory files."""
+    return np.concatenate([_to_numpy(v).reshape(batch, -1).astype(np.float32)
+                           for group in groups for v in group.values()], axis=1)
+
+
 def extract_obs(raw: Any, p: dict[str, Any]) -> dict[str, np.ndarray]:
     """The observation arrays of the env protocol (envs/protocol.py) from a batched ManiSkill observation."""
-    if p["obs_mode"] == "state":
+    if not has_cameras(p):
         return {"states": _to_numpy(raw).astype(np.float32)}
     sensors = raw["sensor_data"]
-    if p["main_camera"] not in sensors:
-        raise EnvSetupError(f"env.init_params.main_camera={p['main_camera']!r} is not a camera of "
-                            f"{p['id']}; it has {sorted(sensors)}")
     out = {"main_images": _to_numpy(sensors[p["main_camera"]]["rgb"])}
     if p["wrist_camera"] in sensors:
         out["wrist_images"] = _to_numpy(sensors[p["wrist_camera"]]["rgb"])
-    parts = [_to_numpy(v).reshape(out["main_images"].shape[0], -1).astype(np.float32)
-             for group in ("agent", "extra") for v in raw.get(group, {}).values()]
-    out["states"] = np.concatenate(parts, axis=1)
+    out["states"] = proprio_states([raw.get("agent", {}), raw.get("extra", {})], out["main_images"].shape[0])
     return out
 
 
 def _observe(env: gym.Env, raw: Any, p: dict[str, Any], render: bool) -> dict[str, np.ndarray]:
-    """``extract_obs``, plus the rendered scene under ``RENDER_IMAGES`` when videos want it."""
+    """``extract_obs``, plus the privileged state (``rgb+state``) and the rendered scene under
+    ``RENDER_IMAGES`` when videos want it."""
     obs = extract_obs(raw, p)
+    if p["obs_mode"] == "rgb+state":
+        with _obs_mode(env, "state"):
+            obs[PRIVILEGED_STATES] = _to_numpy(env.unwrapped.get_obs()).astype(np.float32)
     if render:
         obs[RENDER_IMAGES] = _to_numpy(env.render())
     return obs
@@ -212,13 +277,22 @@ class ManiSkillEnv:
         self.task_description = task_description(p["id"])
 
     def reset(self, state_id: int) -> None:
-        self._raw_obs, _ = self.env.reset(seed=state_id)
+        self._raw_obs, info = self.env.reset(seed=state_id)
+        if info["reconfigure"] and has_cameras(self.p):  # the task rebuilt its scene and cameras
+            _keep_cameras(self.env, self.p)
+            self._raw_obs = None
 
     def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
-        self._raw_obs, reward, terminated, _, info = self.env.step(action)
+        # the observation is read once per chunk (observation()), so steps skip it: no task's
+        # reward reads it, and rendering it would be most of the step's cost
+        with _obs_mode(self.env, "none"):
+            _, reward, terminated, _, info = self.env.step(action)
+        self._raw_obs = None
         return float(reward), bool(terminated), bool(info["success"])
 
     def observation(self) -> dict[str, np.ndarray]:
+        if self._raw_obs is None:
+            self._raw_obs = self.env.unwrapped.get_obs()
         return {k: v[0] for k, v in _observe(self.env, self._raw_obs, self.p, self.render).items()}
 
     def close(self) -> None:
