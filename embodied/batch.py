@@ -2,10 +2,10 @@
 
 A ``Trajectory`` is what a rollout rank collects and sends an actor rank through the channel
 (time-major ``[T, B, ...]``); ``Samples`` is what the loss trains on after the advantages
-(``[N, ...]`` with ``N = T * B``). Both are ``TensorBatch``es: fields are tensors, a dict of
-tensors (the policy's ``forward_inputs``) or None (a field this run does not have, e.g. values
-without a critic), and ``map`` / ``cat`` reach every tensor, so moving, slicing and joining a batch
-is one line. The channel carries a dataclass as it is (its arrays through shared memory).
+(``[N, ...]`` with ``N = T * B``); SFT trains on ``DemoSamples`` instead. All are
+``TensorBatch``es: fields are tensors, a dict of tensors (the policy's ``forward_inputs``) or None
+(a field this run does not have, e.g. values without a critic), and ``map`` / ``cat`` reach every
+tensor, so moving, slicing and joining a batch is one line. The channel carries a dataclass as it is (its arrays through shared memory).
 
 Plain dataclasses rather than TensorDict: two fixed field lists say what travels, and the
 dependency would bring its own torch pin.
@@ -81,3 +81,12 @@ class Samples(TensorBatch):
     old_values: Tensor | None = None  # the rollout's values, with a critic
     ref_logprobs: Tensor | None = None  # the KL reference's, when the KL is a loss term
     proximal_logprobs: Tensor | None = None  # the policy's at the start of the update (decoupled PPO)
+
+
+@dataclass
+class DemoSamples(TensorBatch):
+    """Demonstrated steps, what SFT trains on (``[N, ...]``): the inputs the policy would have
+    stored for the step's observation, and the demonstration's action chunk from that step."""
+
+    forward_inputs: dict[str, Tensor]
+    actions: Tensor  # [N, C, A] as Policy.imitation reads them

@@ -2,7 +2,8 @@
 
 A step is written into ``global_step_<N>.partial`` by whoever owns the state (the driver, each
 actor rank) and becomes ``global_step_<N>`` by one atomic rename once everyone has finished, so
-a run killed mid-write leaves nothing that ``latest`` would pick.
+a run killed mid-write leaves nothing that ``latest`` would pick. Each step carries the resolved
+config of its run (``config.yaml``), so that evaluating or exporting it needs only its path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
+
+from core.errors import CheckpointError
+
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (e.g. a full disk); the previous one stays the latest."""
@@ -24,6 +29,8 @@ class CheckpointWriteError(RuntimeError):
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+ACTOR_DIR = "actor"  # the actor ranks' part of a step: the policy's weights in its own layout
 
 
 def partial_dir(root: str | Path, step: int) -> Path:
@@ -35,11 +42,15 @@ def partial_dir(root: str | Path, step: int) -> Path:
     return path
 
 
-def commit(root: str | Path, step: int, trainer_state: dict[str, Any], keep: int = -1) -> Path:
-    """Write the driver's state, make the step visible atomically, drop the oldest beyond ``keep``."""
+def commit(root: str | Path, step: int, trainer_state: dict[str, Any], keep: int = -1,
+           config: str | None = None) -> Path:
+    """Write the driver's state and the run's resolved ``config`` (YAML), make the step visible
+    atomically, drop the oldest beyond ``keep``."""
     root = Path(root)
     partial = root / f"global_step_{step}.partial"
     _write_json(partial / TRAINER_STATE, {"step": step, **trainer_state})
+    if config is not None:
+        (partial / CONFIG_FILE).write_text(config)
     _fsync_tree(partial)
     final = root / f"global_step_{step}"
     if final.exists():
@@ -84,6 +95,21 @@ def resolve(path: str | Path, key: str) -> Path:
 
 def read_trainer_state(step_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(step_dir) / TRAINER_STATE).read_text())
+
+
+def read_config(step_dir: str | Path) -> dict[str, Any] | None:
+    """The resolved config a step was trained with; None for a checkpoint written before steps
+    carried it."""
+    file = Path(step_dir) / CONFIG_FILE
+    if not file.is_file():
+        return None
+    try:
+        config = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{file} is not valid YAML ({' '.join(str(err).split())})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file} holds no config mapping")
+    return config
 
 
 def rng_state() -> dict[str, Any]:

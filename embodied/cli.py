@@ -1,5 +1,7 @@
-"""``embodied-train`` and ``embodied-eval``: compose the Hydra config, validate it before anything
-starts, print the plan, then run. A config mistake exits with code 2 and one message."""
+"""``embodied-train``, ``embodied-eval`` and ``embodied-export``: compose the Hydra config (for an
+evaluated or exported checkpoint, with the model settings it carries: embodied/preflight.py),
+validate it before anything starts, print the plan, then run. A config mistake exits with code 2
+and one message."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Sequence
 from omegaconf import DictConfig
 
 from core.errors import ConfigError
-from embodied import rlinf
+from embodied import preflight, rlinf
 from embodied.config import build_policy, chunk_steps, compose, to_yaml, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
@@ -21,8 +23,22 @@ DEFAULT_CONFIG = "maniskill_ppo_mlp"
 def load(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None
          ) -> tuple[DictConfig, PlacementPlan]:
     """Compose, schema-check and validate; the one entry point for configs."""
-    cfg = compose_any(config_name, overrides, config_dir)
+    cfg, _ = prepare(config_name, overrides, config_dir)
     return cfg, validate(cfg)
+
+
+def prepare(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None
+            ) -> tuple[DictConfig, list[str]]:
+    """The composed config with the model settings of the checkpoint an evaluation or export
+    reads, and notes of what they changed."""
+    cfg = compose_any(config_name, overrides, config_dir)
+    if not (cfg.runner.only_eval and cfg.runner.ckpt_path is not None):
+        return cfg, []
+    try:  # what the config says without the command line, to tell what the command line set
+        without = compose_any(config_name, [], config_dir)
+    except ConfigError:
+        without = None
+    return preflight.with_checkpoint_model(cfg, preflight.given_model_keys(cfg, without, overrides))
 
 
 def compose_any(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
@@ -79,8 +95,9 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
 def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=prog, description="Compose a config from config/ with Hydra overrides and run it.")
-    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
-                        help=f"experiment file in config/ (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--config-name", "-cn", default=None,
+                        help=f"experiment file in config/ (default: {DEFAULT_CONFIG}; for embodied-eval and "
+                             "embodied-export of a runner.ckpt_path, the config stored with that checkpoint)")
     parser.add_argument("--config-path", "-cp", default=None,
                         help="folder holding the configs (default: the project's config/)")
     parser.add_argument("--dry-run", action="store_true",
@@ -95,20 +112,31 @@ def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argpa
     return parser.parse_intermixed_args(argv)
 
 
-def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> int:
+def _config(args: argparse.Namespace, from_checkpoint: bool) -> tuple[str, str | None]:
+    """The config named on the command line; without one, that of the checkpoint evaluated or
+    exported (``from_checkpoint``) when it carries one, else DEFAULT_CONFIG."""
+    if args.config_name is not None:
+        return args.config_name, args.config_path
+    stored = preflight.stored_config(args.overrides) if from_checkpoint else None
+    return stored or (DEFAULT_CONFIG, args.config_path)
+
+
+def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = (), evaluation: bool = False) -> int:
     args = _parse(argv, prog)
     try:
+        name, folder = _config(args, from_checkpoint=evaluation)
         if args.print_config:
-            text, untranslated = config_yaml(args.config_name, [*extra, *args.overrides], args.config_path)
+            text, untranslated = config_yaml(name, [*extra, *args.overrides], folder)
             print(text, end="", flush=True)
             if untranslated:
                 print(f"{prog}: config error: {untranslated}", file=sys.stderr)
             return 2 if untranslated else 0
-        cfg, plan = load(args.config_name, [*extra, *args.overrides], args.config_path)
+        cfg, notes = prepare(name, [*extra, *args.overrides], folder)
+        plan = validate(cfg)
     except ConfigError as err:
         print(f"{prog}: config error: {err}", file=sys.stderr)
         return 2
-    print(summary(cfg, plan), flush=True)
+    print("\n".join([*notes, summary(cfg, plan)]), flush=True)
     if args.dry_run:
         print(f"{prog}: config OK (dry run, nothing started)")
         return 0
@@ -127,15 +155,22 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = ()) -> i
 def _export(argv: Sequence[str] | None, prog: str) -> int:
     args = _parse(argv, prog, export=True)
     try:
-        cfg, _ = load(args.config_name, ["runner.only_eval=true", *args.overrides], args.config_path)
+        name, folder = _config(args, from_checkpoint=True)
+        cfg, notes = prepare(name, ["runner.only_eval=true", *args.overrides], folder)
+        validate(cfg)
     except ConfigError as err:
         print(f"{prog}: config error: {err}", file=sys.stderr)
         return 2
+    if notes:
+        print("\n".join(notes), file=sys.stderr, flush=True)
     import json
     from pathlib import Path
 
-    from embodied import checkpoint
+    from embodied import checkpoint, demonstrations
+    from embodied.algorithms import POLICY_LOSSES
 
+    if POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]:  # an SFT run's model, as it trained
+        cfg = demonstrations.prepare(cfg)
     policy = build_policy(cfg.actor.model)
     source = cfg.actor.model.model_path
     if cfg.runner.ckpt_path is not None:
@@ -163,5 +198,4 @@ def train(argv: Sequence[str] | None = None) -> None:
 
 def evaluate(argv: Sequence[str] | None = None) -> None:
     """Evaluation only: greedy episodes of ``runner.ckpt_path`` on the eval envs."""
-    sys.exit(_main(argv, "embodied-eval", extra=[
-        "runner.only_eval=true", "env.eval.video_cfg.video_base_dir=videos/${runner.experiment_name}"]))
+    sys.exit(_main(argv, "embodied-eval", evaluation=True, extra=["runner.only_eval=true"]))

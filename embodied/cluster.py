@@ -14,6 +14,7 @@ rank asks for a third of a CPU slot. Node 0 is the driver's node; the others fol
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -28,6 +29,12 @@ from embodied.placement import Device, PlacementError, PlacementPlan, plan_place
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.ray_address")
+
+# Ray warns at every start of a local cluster that it enabled token authentication (its secure
+# default, which the cluster keeps); known harmless, so that one line is dropped. Its warning of a
+# cluster started without authentication stays.
+logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+    lambda record: not record.getMessage().startswith("Token authentication is enabled"))
 
 NODE_JOIN_TIMEOUT_S = 60.0  # how long a joined cluster may take to show cluster.num_nodes nodes
 RESERVE_TIMEOUT_S = 60.0  # how long Ray may take to reserve a node's devices

@@ -134,9 +134,22 @@ REFUSED: dict[str, str] = {
 }
 
 
-def not_read_here(cfg: DictConfig) -> dict[str, str]:
-    """Keys that only some models, heads, envs or training backends read, with why this
-    config's do not."""
+# what only training on rollouts reads: refused with an imitation loss (sft)
+ROLLOUT_TRAINING = ("algorithm.adv_type", "algorithm.group_size", "algorithm.gamma", "algorithm.gae_lambda",
+                    "algorithm.bootstrap_at_done", "algorithm.normalize_advantages",
+                    "algorithm.norm_adv_by_std_in_grpo", "algorithm.ratio_clip_eps", "algorithm.clip_ratio_low",
+                    "algorithm.clip_ratio_high", "algorithm.clip_ratio_c", "algorithm.value_clip",
+                    "algorithm.value_loss_coef", "algorithm.entropy_bonus", "algorithm.calculate_entropy",
+                    "algorithm.kl_beta", "algorithm.target_kl", "algorithm.early_stop_imp_ratio",
+                    "algorithm.rollout_epoch", "algorithm.update_epochs", "algorithm.staleness_threshold",
+                    "algorithm.logprob_type", "algorithm.entropy_type", "rollout.recompute_logprobs",
+                    "actor.optim.value_lr")
+
+
+def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
+    """Keys that only some models, heads, envs, training backends or losses read, with why this
+    config's do not; None marks a key read here under a node that is not (``data.demo_paths``
+    of an SFT run, whose other ``data`` keys are the text env's)."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
     out |= backends.unread_keys(cfg)
     if not POLICY_LOSSES.declared(cfg.algorithm.loss_type)["proximal"]:
@@ -149,6 +162,12 @@ def not_read_here(cfg: DictConfig) -> dict[str, str]:
             if key not in used:
                 readers = " or ".join(n for n in ENVS.names() if key in ENVS.declared(n)["reads"])
                 out[key] = f"only {readers} envs (env_type {readers}) read {what}"
+    loss = cfg.algorithm.loss_type
+    if POLICY_LOSSES.declared(loss)["imitation"]:
+        out |= dict.fromkeys(ROLLOUT_TRAINING, f"algorithm.loss_type {loss} trains on demonstrations, not rollouts")
+        out["data.demo_paths"] = None
+    else:
+        out["data.demo_paths"] = f"algorithm.loss_type {loss} trains on rollouts (sft reads demonstrations)"
     return out
 
 

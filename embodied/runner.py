@@ -3,6 +3,10 @@
     sync weights (actor -> rollout) -> roll out (env <-> rollout, pipelined) -> advantages and
     updates (actor) -> log -> maybe checkpoint -> maybe validate
 
+or, for SFT (``algorithm.loss_type: sft``), the actor ranks draw their minibatches from the
+demonstrations they hold and update -> log -> maybe checkpoint -> maybe validate (greedy
+episodes in the simulator, as for RL).
+
 Where each piece runs is the workers' business; this file only says what happens in what order.
 Collocated roles take turns on the devices: each phase starts by naming the roles it runs
 (``_turn``), and a role with ``enable_offload`` frees its memory while it idles (env workers
@@ -22,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from core.shm import sweep_dead_segments
-from embodied import checkpoint
+from embodied import checkpoint, demonstrations
+from embodied.algorithms import POLICY_LOSSES
 from embodied.backends import replicas
 from embodied.channel import Channel
 from embodied.channel.keys import queue_bounds
@@ -45,6 +50,9 @@ CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train",
 
 class Runner:
     def __init__(self, cfg: DictConfig, plan: PlacementPlan):
+        self.imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
+        if self.imitation:  # SFT: every worker builds the model as prepared for the demonstrations
+            cfg = demonstrations.prepare(cfg)
         self.cfg, self.plan = cfg, plan
         self.start = time.monotonic()
         self.cluster = Cluster.from_config(cfg.cluster)
@@ -65,9 +73,10 @@ class Runner:
         chunks = cfg.actor.model.num_action_chunks
         self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
         self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
-        rollout_ranks, groups = plan.world_size("rollout"), actor_ranks // replicas(cfg)
-        pieces = replay_pieces(rollout_ranks, groups, cfg.env.train.total_num_envs // rollout_ranks)
-        self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(groups))
+        if self.actor is not None:  # an evaluation reads nothing of env.train (validate.py checks none of it)
+            rollout_ranks, groups = plan.world_size("rollout"), actor_ranks // replicas(cfg)
+            pieces = replay_pieces(rollout_ranks, groups, cfg.env.train.total_num_envs // rollout_ranks)
+            self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(groups))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
         self.logger = MetricLogger(cfg.runner.logger, OmegaConf.to_container(cfg))
         self.shared_reset_states = shared_reset_states(cfg)  # for the eval reports
@@ -108,14 +117,32 @@ class Runner:
                 if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
                     self.save()
                 bar.update(1)
-                bar.set_postfix(env_steps=self.env_steps,
-                                steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
-                                success=f"{metrics.get('train/success_once', float('nan')):.2f}")
+                if self.imitation:
+                    bar.set_postfix(loss=f"{metrics['actor/imitation_loss']:.3f}",
+                                    success=f"{summary.get('eval_success', float('nan')):.2f}")
+                else:
+                    bar.set_postfix(env_steps=self.env_steps,
+                                    steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
+                                    success=f"{metrics.get('train/success_once', float('nan')):.2f}")
         if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
             self.save()  # the final weights are always kept
         return summary | self._totals()
 
     def train_step(self) -> dict[str, float]:
+        """One step of the algorithm: RL's rollout and update, or SFT's update on demonstrations."""
+        return self.imitation_step() if self.imitation else self.rl_step()
+
+    def imitation_step(self) -> dict[str, float]:
+        """SFT: no env or rollout worker runs; each actor rank draws its share of the global batch
+        from the demonstrations it holds and takes one optimizer step."""
+        tic = time.monotonic()
+        self._turn(self.actor)
+        metrics = self.actor.execute("imitate", self.step).wait()[0]
+        self.version = self.step
+        metrics["time/update"] = metrics["time/step"] = time.monotonic() - tic
+        return metrics
+
+    def rl_step(self) -> dict[str, float]:
         """Roll out, then update; with ``algorithm.staleness_threshold`` k > 0 the next k rollouts
         are already running (with the weights of k updates ago at most) while the actor updates
         on this one, and the new weights reach the rollout workers after the rollout in flight."""
@@ -257,7 +284,8 @@ class Runner:
 
     # ------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        """Actor weights and optimizer, step, env steps and every env's next episode number."""
+        """Actor weights and optimizer, step, env steps, every env's next episode number, and
+        the run's resolved config (what ``embodied-eval`` and ``embodied-export`` read back)."""
         self._turn(self.actor)  # an actor offloaded for an eval gathers its state on its devices
         per_rank = self.env.execute("episode_state").wait()
         episodes = {split: [n for rank in per_rank for n in rank[split]] for split in per_rank[0]}
@@ -267,7 +295,7 @@ class Runner:
             self.actor.execute("save", str(folder)).wait()
             return checkpoint.commit(self.ckpt_root, self.step,
                                      {"env_steps": self.env_steps, "next_episodes": episodes},
-                                     keep=self.cfg.runner.max_ckpts_to_keep)
+                                     keep=self.cfg.runner.max_ckpts_to_keep, config=OmegaConf.to_yaml(self.cfg))
         except (OSError, WorkerError) as err:  # a full disk, a lost mount: stop with the last one intact
             shutil.rmtree(folder, ignore_errors=True)
             if isinstance(err, WorkerError) and err.died:  # a lost worker is the news, not the folder
@@ -286,14 +314,15 @@ class Runner:
         episode ends within its training step's rollout, e.g. ``auto_reset: false``, or
         ``ignore_terminations: true`` with one ``max_episode_steps`` episode per rollout);
         otherwise the training episodes in flight at the checkpoint restart from fresh reset states.
-        Envs of a split whose ``total_num_envs`` differs from the checkpoint's start numbering anew."""
+        Envs of a split whose ``total_num_envs`` differs from the checkpoint's start numbering anew.
+        With nothing to continue, a run starts from the weights of ``runner.ckpt_path`` when set."""
         resume = self.cfg.runner.resume_dir
         if resume is None:
-            return
+            return self._start_from_checkpoint()
         if resume == "auto":
             folder = checkpoint.latest(self.ckpt_root)
             if folder is None:
-                return
+                return self._start_from_checkpoint()
         else:
             folder = checkpoint.resolve(resume, "runner.resume_dir")
         self.actor.execute("load", str(folder)).wait()
@@ -304,6 +333,15 @@ class Runner:
                     if len(numbers) == self.cfg.env[split].total_num_envs}
         self.env.execute("load_episode_state", episodes).wait()
         print(f"resumed from {folder} at step {self.step}", flush=True)
+
+    def _start_from_checkpoint(self) -> None:
+        """A fresh run from ``runner.ckpt_path`` (e.g. an SFT run's): its weights, at step 0
+        with a fresh optimizer."""
+        if self.cfg.runner.ckpt_path is None:
+            return
+        folder = checkpoint.resolve(self.cfg.runner.ckpt_path, "runner.ckpt_path")
+        self.actor.execute("load", str(folder), False).wait()
+        print(f"starting from the weights of {folder}", flush=True)
 
     def _totals(self) -> dict[str, Any]:
         return {"env_steps": self.env_steps, "wall_s": round(time.monotonic() - self.start, 1)}
@@ -359,9 +397,14 @@ def shared_reset_states(cfg: DictConfig) -> int | None:
     """How many of the eval envs' reset states (e.g. LIBERO task x init state) the training envs
     also start from: 0 means disjoint; None when a split's states are unbounded seeds drawn at
     random, which cannot be listed."""
+    from core.errors import ConfigError
     from envs import describe
 
-    train, evals = describe(cfg.env.train).reset_state_names, describe(cfg.env.eval).reset_state_names
+    try:
+        train = describe(cfg.env.train).reset_state_names
+    except ConfigError:  # an evaluation's env.train, which nothing checked or runs
+        return None
+    evals = describe(cfg.env.eval).reset_state_names
     return None if train is None or evals is None else len(set(train) & set(evals))
 
 

@@ -45,6 +45,7 @@ OPEN_NODES = ("cluster.component_placement", *(f"env.{split}.init_params" for sp
 _INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
 _CHOICES = re.compile(r"^\{([^}]*)\}")
 _OR = re.compile(r"^\s+or ([^\s:;,]+)")
+_REFERENCE = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 
 
 class RuleError(ValueError):
@@ -216,7 +217,7 @@ def check_schema(cfg: DictConfig, config_dir: Path = CONFIG_DIR) -> None:
         model_schema.update(_load(own))
         schema["actor"]["model"] = model_schema
     values = OmegaConf.to_container(cfg, resolve=False)
-    _check_node(values, schema, "")
+    _check_node(values, schema, "", schema)
 
 
 def model_types(config_dir: Path = CONFIG_DIR) -> list[str]:
@@ -238,7 +239,7 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_node(values: dict, schema: dict, prefix: str) -> None:
+def _check_node(values: dict, schema: dict, prefix: str, root: dict) -> None:
     for key, value in values.items():
         path = f"{prefix}{key}"
         if path in OPEN_NODES:
@@ -253,9 +254,25 @@ def _check_node(values: dict, schema: dict, prefix: str) -> None:
         if isinstance(default, dict):
             if not isinstance(value, dict):
                 raise expected(path, value, "a mapping of keys")
-            _check_node(value, default, path + ".")
+            _check_node(value, default, path + ".", root)
         else:
-            _check_type(path, value, default)
+            _check_type(path, value, _referenced_default(default, root))
+
+
+def _referenced_default(default: Any, root: dict) -> Any:
+    """The default that a default such as ``${algorithm.sampling_params.do_sample}`` (a plain
+    reference, followed through chains) stands for, so that its key's type is checked too; other
+    interpolations stay as they are."""
+    seen: set[str] = set()
+    while isinstance(default, str) and (match := _REFERENCE.match(default)) and match.group(1) not in seen:
+        seen.add(match.group(1))
+        node: Any = root
+        for part in match.group(1).split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        default = node
+    return default
 
 
 def _is_interpolation(value: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import backends, checkpoint, schema
+from embodied import backends, checkpoint, preflight, schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from embodied.config import chunk_steps
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
@@ -54,6 +54,11 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _policy_checks(model)
     adv = cfg.algorithm.adv_type
     needs = ADVANTAGES.declared(adv)
+    imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
+    if imitation:  # SFT: no advantages; its demonstrations checked below
+        needs = dict.fromkeys(needs, False)
+    if cfg.runner.only_eval:  # an evaluation computes no advantages
+        needs = dict.fromkeys(needs, False)
     if needs["needs_groups"] and cfg.algorithm.group_size < 2:
         _fail("algorithm.group_size", cfg.algorithm.group_size,
               f"at least 2 with algorithm.adv_type={adv} (advantages are normalized within a group)")
@@ -68,7 +73,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _overlap(cfg)
     groups, who = _actor_groups(cfg, plan)
     per_step = cfg.actor.micro_batch_size * groups
-    if cfg.actor.global_batch_size % per_step:
+    if cfg.actor.global_batch_size % per_step and not cfg.runner.only_eval:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a multiple of actor.micro_batch_size ({cfg.actor.micro_batch_size}) x {who} = {per_step}")
 
@@ -76,17 +81,35 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     _writable("runner.logger.log_path (its checkpoints folder)",
               os.path.join(cfg.runner.logger.log_path, "checkpoints"))
     if cfg.runner.task_type == "embodied":
-        for split in ("train", "eval"):
+        for split in ("eval",) if cfg.runner.only_eval else ("train", "eval"):
             video = cfg.env[split].get("video_cfg")
             if video and video.save_video:
                 _writable(f"env.{split}.video_cfg.video_base_dir", video.video_base_dir)
-    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.get("model_path") is None):
+    if cfg.runner.only_eval and (cfg.runner.ckpt_path is not None or model.get("model_path") is None
+                                 and not imitation):
         _checkpoint(cfg, "runner.ckpt_path")  # without one, eval runs the pretrained actor.model.model_path
+    if not cfg.runner.only_eval and cfg.runner.ckpt_path is not None:
+        _checkpoint(cfg, "runner.ckpt_path")  # the weights training starts from
     if cfg.runner.resume_dir not in (None, "auto"):
         _checkpoint(cfg, "runner.resume_dir")
+    preflight.check_checkpoints(cfg)
     _pass_k(cfg)
     _validate_envs(cfg, plan)
+    if imitation:
+        _demonstrations(cfg)
     return plan
+
+
+def _demonstrations(cfg: DictConfig) -> None:
+    """SFT: embodied envs, and demo files that fit the eval env and the model (read from their
+    metadata: layout, action dims, image size)."""
+    from embodied import demonstrations
+
+    if cfg.runner.task_type != "embodied":
+        _fail("algorithm.loss_type", cfg.algorithm.loss_type,
+              f"one of {[n for n in POLICY_LOSSES.names() if not POLICY_LOSSES.declared(n)['imitation']]} with "
+              f"runner.task_type={cfg.runner.task_type} (demonstrations are of embodied envs)")
+    demonstrations.check(cfg)
 
 
 def _overlap(cfg: DictConfig) -> None:
@@ -135,14 +158,16 @@ def _pass_k(cfg: DictConfig) -> None:
 
 
 def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
-    """What every task shares (robots and text): env splits, groups and batch arithmetic."""
+    """What every task shares (robots and text): env splits, groups and batch arithmetic; an
+    evaluation (``runner.only_eval``) runs no training env, so env.train is not checked."""
     chunks = cfg.actor.model.num_action_chunks
     env_ranks = plan.world_size("env")
     stages = cfg.rollout.pipeline_stage_num
     task = cfg.runner.task_type
     policy = POLICIES.get(cfg.actor.model.model_type)
     model_options = OmegaConf.to_container(cfg.actor.model, resolve=True)
-    for split in ("train", "eval", "eval_pass_k") if cfg.data.val_pass_k > 1 else ("train", "eval"):
+    splits = ("eval", "eval_pass_k") if cfg.data.val_pass_k > 1 else ("eval",)
+    for split in splits if cfg.runner.only_eval else ("train", *splits):
         env = cfg.env[split]
         if not env:
             _fail(f"env.{split}", {}, f"an env group `env/<group>@env.{split}` in the defaults list")
@@ -172,6 +197,8 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
               f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
               "rank serves whole env ranks")
+    if cfg.runner.only_eval:
+        return
     train = cfg.env.train
     if "data" in ENVS.declared(train.env_type)["reads"]:  # prompts per step x responses per prompt
         if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
@@ -196,7 +223,7 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
               "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
               "trajectories only after the whole rollout")
     samples = train.total_num_envs * chunk_steps(train.max_episode_steps, chunks) * cfg.algorithm.rollout_epoch
-    if samples % cfg.actor.global_batch_size:
+    if samples % cfg.actor.global_batch_size and not POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
               "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")

@@ -3,9 +3,10 @@
 Adding an env is a module implementing the protocol (usually a ``BatchedSim`` under
 ``VectorEnv``), its line here and its ``config/env/<name>.yaml`` (docs/architecture.md). An entry
 declares what the config layer checks without building it: ``describe``, a ``"module:function"``
-the driver runs before any worker starts (cheap imports only), which checks the env config and
-returns its ``EnvDescription``; ``task_type``, the ``runner.task_type`` it belongs to; ``reads``,
-keys outside ``env.*`` that reach it through its group file, with what they are.
+the driver runs before any worker starts (in seconds: it may build one scene, never rendered),
+which checks the env config and returns its ``EnvDescription``; ``task_type``, the
+``runner.task_type`` it belongs to; ``reads``, keys outside ``env.*`` that reach it through its
+group file, with what they are.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
 ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", reads={})
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe")
-ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv")
+ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
 
 

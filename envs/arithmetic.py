@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
+
+from core.errors import DataError
 
 OPERATORS = ("+", "-")
 
@@ -43,8 +46,11 @@ def write_split(folder: str | Path, train: int = 1800, test: int = 200, seed: in
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, str]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The ``prompt`` / ``answer`` rows of a prompt file, or one ``DataError`` naming the file and
+    line (the text env's reader)."""
+    from envs.text import read_records
+
+    return [{"prompt": p, "answer": a} for p, a in read_records(path, "prompt", "answer")]
 
 
 def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, str]], max_new_tokens: int = 6) -> float:
@@ -67,8 +73,9 @@ def held_out_accuracy(model_dir: str | Path, folder: str | Path) -> float:
     """``greedy_accuracy`` of the model folder ``model_dir`` on ``folder/test.jsonl``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    rows = read_jsonl(Path(folder) / "test.jsonl")  # a malformed file fails before the model loads
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    return greedy_accuracy(model, AutoTokenizer.from_pretrained(model_dir), read_jsonl(Path(folder) / "test.jsonl"))
+    return greedy_accuracy(model, AutoTokenizer.from_pretrained(model_dir), rows)
 
 
 def main() -> None:
@@ -80,7 +87,12 @@ def main() -> None:
     parser.add_argument("--score", metavar="MODEL", help="print MODEL's held-out greedy accuracy instead")
     args = parser.parse_args()
     if args.score:
-        print(json.dumps({"accuracy": held_out_accuracy(args.score, args.folder)}))
+        try:
+            accuracy = held_out_accuracy(args.score, args.folder)
+        except DataError as err:  # a malformed test.jsonl: one line, exit code 2 as in the CLI
+            print(f"python -m envs.arithmetic: {err}", file=sys.stderr)
+            sys.exit(2)
+        print(json.dumps({"accuracy": accuracy}))
         return
     for name, path in write_split(args.folder, args.train, args.test, args.seed).items():
         print(f"{name}: {path}")

@@ -67,6 +67,7 @@ ASSET_FOLDERS = ("scenes", "textures", "stable_hope_objects", "stable_scanned_ob
 DOWNLOAD = ("python -c 'from libero.libero.utils.download_utils import "
             "download_assets_from_huggingface as d; d(\"{dir}\")'")
 ACTION_DIM = 7
+STATE_DIM = 8  # end-effector position, axis-angle, two finger positions
 
 
 def _package_root() -> Path:
@@ -206,10 +207,16 @@ def _check_assets(folder: Path, own_tasks: bool) -> None:
 
 
 def describe(env_cfg: Any) -> EnvDescription:
-    """``check_config``'s findings for the config layer: the reset states and LIBERO's gripper."""
+    """``check_config``'s findings for the config layer: the reset states, LIBERO's gripper and
+    what the envs observe and take (module docstring)."""
     setup = check_config(env_cfg)
+    wrist = setup.params["wrist_camera"]
     return EnvDescription(reset_state_names=setup.reset_state_names(),
-                          gripper_open_action=("init_params.gripper_open_action", setup.params["gripper_open_action"]))
+                          gripper_open_action=("init_params.gripper_open_action", setup.params["gripper_open_action"]),
+                          label=f"LIBERO {setup.suite or 'BDDL tasks'}", state_dim=STATE_DIM,
+                          image_keys=("main_images", "wrist_images") if wrist else ("main_images",),
+                          wrist_camera_fix="init_params.wrist_camera=robot0_eye_in_hand", action_dim=ACTION_DIM,
+                          task_descriptions=tuple(t.description for t in setup.tasks))
 
 
 def check_config(env_cfg: Any) -> Setup:
@@ -436,7 +443,8 @@ class LiberoVectorEnv(VectorEnv):
         self.setup = check_config(env_cfg)
         options = read_options(env_cfg, num_envs, seed_offset)
         sim = single_env_batch([functools.partial(LiberoEnv, self.setup)] * num_envs,
-                               preload=["envs.libero"], num_processes=env_cfg.get("num_processes"))
+                               preload=["envs.libero"], num_processes=env_cfg.get("num_processes"),
+                               step_frames=bool(env_cfg["video_cfg"]["save_video"]))
         super().__init__(sim, seed_offset=seed_offset, **options)
 
     def reset_state_name(self, state_id: int) -> str:

@@ -7,12 +7,18 @@ what ``rgb`` gives plus ``privileged_states``, the full state vector ``state`` g
 state policy can drive an env that records what a VLA sees, see embodied/record.py), the
 ``control_mode``, the camera size and ``sim_backend``. With ``video_cfg.save_video`` on and
 ``obs_mode: state`` the scene is also rendered (``render_mode="rgb_array"``, at the camera size)
-once per observation for the video recorder; otherwise nothing is rendered.
+for the video recorder; otherwise nothing is rendered.
 
 Rendering is most of a step's cost on a CPU (lavapipe), so only what the policy reads is
 rendered: the cameras named ``main_camera`` and ``wrist_camera`` (ManiSkill renders every
 camera of the task and robot otherwise), and on the CPU simulation only the observation that is
-read, once per chunk (ManiSkill computes one after every step otherwise).
+read, once per chunk (ManiSkill computes one after every step otherwise). Only while a video
+records is every step rendered, so that the video holds one frame per env step
+(``STEP_FRAMES``).
+
+ManiSkill warns at every env construction that ``panda_wristcam`` is not among a task's supported
+robots; it is the Panda with a wrist camera, so for tasks that support ``panda`` the warning is
+dropped, and any other ManiSkill warning is shown once per process (``_QuietLog``).
 
 - ``cpu``: ManiSkill's CPU simulation holds one scene per env instance, so the envs run in
   subprocesses (``SubprocVectorEnv``: blocks of envs, one process per core unless
@@ -33,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,8 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from core.description import EnvDescription
 from core.errors import EnvSetupError
-from envs.protocol import RENDER_IMAGES
+from envs.protocol import RENDER_IMAGES, STEP_FRAMES, video_keys
 from envs.vector_env import VectorEnv, read_options
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
@@ -78,6 +86,8 @@ PRIVILEGED_STATES = "privileged_states"
 SIM_BACKENDS = ("cpu", "gpu")
 PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
           "camera_heights", "camera_widths", "main_camera", "wrist_camera")
+# robots that are another robot plus cameras: a task that supports the base runs them as it is
+CAMERA_VARIANTS = {"panda_wristcam": "panda"}
 
 # Instructions for VLA prompts, in the words of each task's success condition.
 TASK_DESCRIPTIONS = {
@@ -167,11 +177,42 @@ def make_kwargs(p: Mapping[str, Any], num_envs: int, max_episode_steps: int, ren
     return kwargs
 
 
-def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool) -> gym.Env:
-    """``gym.make`` for these params, rendering only the cameras the policy reads, turning
-    ManiSkill's failures into clear messages."""
+class _QuietLog(logging.Filter):
+    """ManiSkill's log (a handler of its own, not ``warnings``): each message once per process,
+    and none of the messages known to be harmless here (``drop``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+        self.drop: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen or message in self.drop:
+            return False
+        self.seen.add(message)
+        return True
+
+
+_QUIET = _QuietLog()
+logging.getLogger("mani_skill ").addFilter(_QUIET)  # (sic: ManiSkill's logger name ends in a space)
+
+
+def _known_harmless(p: Mapping[str, Any]) -> None:
+    """A camera variant of a robot the task supports: ManiSkill's "not in the task's list of
+    supported robots" warning, printed at every env construction, says nothing here."""
+    robot, supported = p["robot_uids"], REGISTERED_ENVS[p["id"]].cls.SUPPORTED_ROBOTS
+    if robot in CAMERA_VARIANTS and supported is not None and CAMERA_VARIANTS[robot] in supported:
+        _QUIET.drop.add(f"{robot} is not in the task's list of supported robots. Code may not run as intended")
+
+
+def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool,
+          extra: dict[str, Any] | None = None) -> gym.Env:
+    """``gym.make`` for these params (and ``extra`` keyword arguments), rendering only the cameras
+    the policy reads, turning ManiSkill's failures into clear messages."""
+    _known_harmless(p)
     try:
-        env = gym.make(p["id"], **make_kwargs(p, num_envs, max_episode_steps, render))
+        env = gym.make(p["id"], **make_kwargs(p, num_envs, max_episode_steps, render) | (extra or {}))
     except AssertionError as e:
         if "not in supported modes" in str(e):
             supported = str(e).split(": ", 1)[-1]
@@ -278,39 +319,46 @@ class ManiSkillEnv:
 
     def reset(self, state_id: int) -> None:
         self._raw_obs, info = self.env.reset(seed=state_id)
+        self._obs = None
         if info["reconfigure"] and has_cameras(self.p):  # the task rebuilt its scene and cameras
             _keep_cameras(self.env, self.p)
             self._raw_obs = None
 
     def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
-        # the observation is read once per chunk (observation()), so steps skip it: no task's
-        # reward reads it, and rendering it would be most of the step's cost
+        # the observation is read once per chunk (observation(); after every step only while a
+        # video records), so steps skip it: no task's reward reads it, and rendering it would be
+        # most of the step's cost
         with _obs_mode(self.env, "none"):
             _, reward, terminated, _, info = self.env.step(action)
-        self._raw_obs = None
+        self._raw_obs = self._obs = None
         return float(reward), bool(terminated), bool(info["success"])
 
     def observation(self) -> dict[str, np.ndarray]:
-        if self._raw_obs is None:
-            self._raw_obs = self.env.unwrapped.get_obs()
-        return {k: v[0] for k, v in _observe(self.env, self._raw_obs, self.p, self.render).items()}
+        if self._obs is None:  # once per state: a video reads the chunk's last step too
+            if self._raw_obs is None:
+                self._raw_obs = self.env.unwrapped.get_obs()
+            self._obs = {k: v[0] for k, v in _observe(self.env, self._raw_obs, self.p, self.render).items()}
+        return self._obs
 
     def close(self) -> None:
         self.env.close()
 
 
 class ManiSkillGPUSim:
-    """All envs in ManiSkill's batched GPU simulation (a ``BatchedSim``). Unverified here."""
+    """All envs in ManiSkill's batched GPU simulation (a ``BatchedSim``; ``step_frames`` as in
+    ``envs.subproc.SubprocVectorEnv``). Unverified here."""
 
     num_reset_states = None
 
-    def __init__(self, p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool = False):
+    def __init__(self, p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool = False,
+                 step_frames: bool = False):
         if not torch.cuda.is_available():
             raise EnvSetupError("env.init_params.sim_backend=gpu needs a CUDA GPU and none is "
                                 "visible; use sim_backend: cpu")
         self.p = p
         self.num_envs = num_envs
         self.render = render
+        self.step_frames = step_frames
         self.env = _make(p, num_envs=num_envs, max_episode_steps=max_episode_steps, render=render)
         self.device = self.env.unwrapped.device
         self.action_dim = int(np.prod(self.env.unwrapped.single_action_space.shape))
@@ -335,14 +383,18 @@ class ManiSkillGPUSim:
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
-        rewards, terminated, success = [], [], []
+        rewards, terminated, success, frames = [], [], [], []
         for t in range(actions.shape[1]):
             obs, r, term, _, info = self.env.step(torch.as_tensor(actions[:, t], device=self.device))
             rewards.append(_to_numpy(r).astype(np.float32))
             terminated.append(_to_numpy(term).astype(bool))
             success.append(_to_numpy(info["success"]).astype(bool))
-        return (_observe(self.env, obs, self.p, self.render), np.stack(rewards, 1), np.stack(terminated, 1),
-                np.stack(success, 1))
+            if self.step_frames:
+                frames.append(_observe(self.env, obs, self.p, self.render))
+        out = frames[-1] if frames else _observe(self.env, obs, self.p, self.render)
+        if frames:
+            out = {**out, STEP_FRAMES: {k: np.stack([f[k] for f in frames], 1) for k in video_keys(out)}}
+        return out, np.stack(rewards, 1), np.stack(terminated, 1), np.stack(success, 1)
 
     def close(self) -> None:
         self.env.close()
@@ -371,14 +423,67 @@ class ManiSkillVectorEnv(VectorEnv):
                                 "suites; ManiSkill's task is init_params.id")
         options = read_options(env_cfg, num_envs, seed_offset)
         steps = options["max_episode_steps"]
-        render = bool(env_cfg["video_cfg"]["save_video"]) and p["obs_mode"] == "state"
+        video = bool(env_cfg["video_cfg"]["save_video"])
+        render = video and p["obs_mode"] == "state"
         if p["sim_backend"] == "gpu":
             if env_cfg.get("num_processes") is not None:
                 raise EnvSetupError("env.num_processes is not supported with init_params.sim_backend gpu, "
                                     "because one GPU simulation steps every env in this process")
-            sim = ManiSkillGPUSim(p, num_envs, steps, render)
+            sim = ManiSkillGPUSim(p, num_envs, steps, render, step_frames=video)
         else:
             sim = single_env_batch([functools.partial(ManiSkillEnv, p, steps, render)] * num_envs,
-                                   preload=["envs.maniskill"],
-                                   num_processes=env_cfg.get("num_processes"))
+                                   preload=["envs.maniskill"], num_processes=env_cfg.get("num_processes"),
+                                   step_frames=video)
         super().__init__(sim, seed_offset=seed_offset, **options)
+
+
+def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:
+    """``check_params``'s checks, and what the envs observe and take (``_probe``), for the checks
+    of a model against the env before any worker starts."""
+    init_params = env_cfg["init_params"]
+    if not isinstance(init_params, dict):
+        from omegaconf import OmegaConf
+
+        init_params = OmegaConf.to_container(init_params, resolve=True)
+    p = check_params(init_params)
+    state_dim, cameras, action_dim = _probe(p["id"], p["obs_mode"], p["control_mode"], p["reward_mode"],
+                                            p["robot_uids"])
+    images: tuple[str, ...] = ()
+    if has_cameras(p):
+        if p["main_camera"] not in cameras:
+            raise EnvSetupError(f"env.init_params.main_camera={p['main_camera']!r} is not a camera of "
+                                f"{p['id']}; it has {list(cameras)}")
+        images = ("main_images", "wrist_images") if p["wrist_camera"] in cameras else ("main_images",)
+    robot = f" with robot {p['robot_uids']}" if p["robot_uids"] else ""
+    wrist_fix = ("init_params.robot_uids=panda_wristcam" if p["wrist_camera"] is not None
+                 else "init_params.wrist_camera=hand_camera")
+    return EnvDescription(label=f"ManiSkill {p['id']}{robot}, control_mode {p['control_mode']}",
+                          state_dim=state_dim, image_keys=images, wrist_camera_fix=wrist_fix,
+                          action_dim=action_dim, task_descriptions=(task_description(p["id"]),))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(task_id: str, obs_mode: str, control_mode: str, reward_mode: str,
+           robot_uids: str | None) -> tuple[int, tuple[str, ...], int]:
+    """``(length of obs["states"], cameras, action dims)`` of one env of these params: a CPU scene
+    built and reset, not rendered (well under a second once ManiSkill is imported)."""
+    p = {"id": task_id, "obs_mode": "state", "control_mode": control_mode, "reward_mode": reward_mode,
+         "sim_backend": "cpu", "robot_uids": robot_uids}
+    env = _make(p, num_envs=1, max_episode_steps=1, render=False, extra={"render_backend": "none"})
+    try:
+        env.reset(seed=0)
+        base = env.unwrapped
+        if obs_mode == "state":
+            with _obs_mode(env, "state"):
+                state_dim = int(np.prod(base.get_obs().shape[1:]))
+        else:  # what extract_obs gives: the agent and extra groups as rgb observes them
+            with _obs_mode(env, "rgb"):
+                state_dim = proprio_states([base._get_obs_agent(), base._get_obs_extra(base.get_info())], 1).shape[1]
+        configs = [*_as_list(base.agent._sensor_configs), *_as_list(base._default_sensor_configs)]
+        return state_dim, tuple(c.uid for c in configs), int(np.prod(env.action_space.shape))
+    finally:
+        env.close()
+
+
+def _as_list(configs: Any) -> list[Any]:
+    return list(configs) if isinstance(configs, (list, tuple)) else ([] if configs is None else [configs])

@@ -18,6 +18,19 @@ Obs = dict[str, Any]
 # no camera images (ManiSkill with obs_mode state and video_cfg.save_video on). The video
 # recorder draws and removes them, so policies and channels never see them.
 RENDER_IMAGES = "render_images"
+# Only while recording: ``{key: [B, C, ...]}``, the ``video_keys`` images after each of a chunk's
+# C steps, so that a video holds one frame per env step while the policy sees one observation per
+# chunk. The video recorder removes them too.
+STEP_FRAMES = "step_frames"
+CAMERA_KEYS = ("main_images", "wrist_images")
+
+
+def video_keys(keys: Any) -> tuple[str, ...]:
+    """The observation keys a video shows: the scene renders of an env without cameras, else
+    its cameras."""
+    if RENDER_IMAGES in keys:
+        return (RENDER_IMAGES,)
+    return tuple(k for k in CAMERA_KEYS if k in keys)
 
 
 class Env(Protocol):

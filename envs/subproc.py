@@ -11,8 +11,10 @@ chunk of state-only PushCube here).
 Each child builds its envs from picklable factories and writes their observations into one
 shared-memory block that the parent preallocates for the whole batch (arrays are never pickled);
 the pipe carries only commands, actions and per-step scalars, one round trip per chunk, not per
-step. Children start from a forkserver, so the simulator's imports (``preload``) are paid once
-per parent process rather than once per env. ``close()`` (also on errors, on garbage collection
+step. While a video records (``step_frames``), the images of every step follow the scalars as raw
+bytes (``STEP_FRAMES``: the video's frames, not the policy's observation). Children start from a
+forkserver, so the simulator's imports (``preload``) are paid once per parent process rather than
+once per env. ``close()`` (also on errors, on garbage collection
 and at exit) stops every child and unlinks the shared memory; a child whose parent dies sees its
 pipe close and exits.
 """
@@ -33,6 +35,7 @@ import numpy as np
 
 from core.errors import EnvSetupError
 from core.shm import creator_prefix
+from envs.protocol import STEP_FRAMES, video_keys
 
 ObsSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -51,7 +54,7 @@ class SingleEnv(Protocol):
         """Returns reward, terminated and success."""
 
     def observation(self) -> dict[str, np.ndarray]:
-        """The current observation (read once per chunk, not after every step)."""
+        """The current observation (read once per chunk; after every step only for videos)."""
 
     def close(self) -> None: ...
 
@@ -78,7 +81,35 @@ def _views(buf: Any, layout: dict[str, tuple[int, tuple, np.dtype]]) -> dict[str
 RESET, CHUNK, CLOSE, OK, ERROR = b"r", b"c", b"q", b"o", b"e"
 
 
-def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any) -> None:
+def _frames_dtype(spec: ObsSpec) -> np.dtype:
+    """One step's video images of one env, as a record (how ``STEP_FRAMES`` cross the pipe)."""
+    return np.dtype([(k, np.dtype(spec[k][1]), spec[k][0]) for k in video_keys(spec)])
+
+
+def _step_all(envs: Sequence[SingleEnv], actions: np.ndarray, frames: bool) -> bytes:
+    """Every env's chunk of ``actions``: per step reward, terminated and success (float64), then,
+    with ``frames``, each step's video images (``_frames_dtype`` records, env-major)."""
+    results, shots = [], []
+    dtype = _frames_dtype(envs[0].obs_spec) if frames else None
+    for env, chunk in zip(envs, actions):
+        for action in chunk:
+            results.append(env.step(action))
+            if dtype is not None:
+                obs = env.observation()
+                shots.append(np.array(tuple(obs[k] for k in dtype.names), dtype).tobytes())
+    return np.array(results, np.float64).tobytes() + b"".join(shots)
+
+
+def _parse(reply: bytes, envs: int, chunk: int, frames: np.dtype | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A ``_step_all`` reply: ``[envs, chunk, (reward, terminated, success)]`` and, with
+    ``frames``, the frame records ``[envs, chunk]``."""
+    count = envs * chunk
+    scalars = np.frombuffer(reply, np.float64, count * 3).reshape(envs, chunk, 3)
+    shots = None if frames is None else np.frombuffer(reply, frames, count, count * 3 * 8).reshape(envs, chunk)
+    return scalars, shots
+
+
+def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any, frames: bool) -> None:
     """A child's whole life: build its block of envs (global indices ``first`` onwards), attach
     to the shared block, serve commands for all of them."""
     envs: list[SingleEnv] = []
@@ -110,8 +141,7 @@ def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any) ->
                 reply = "\0".join(envs[j].task_description for j in touched).encode()
             else:  # CHUNK: actions [block, C, A] float32
                 actions = np.frombuffer(payload, np.float32).reshape(len(envs), -1, envs[0].action_dim)
-                reply = np.array([[env.step(a) for a in chunk] for env, chunk in zip(envs, actions)],
-                                 np.float64).tobytes()
+                reply = _step_all(envs, actions, frames)
                 touched = range(len(envs))
             for j in touched:
                 obs = envs[j].observation()
@@ -178,10 +208,11 @@ def _segment_name() -> str:
 
 class SubprocVectorEnv:
     """``len(env_fns)`` single-scene envs in ``num_processes`` processes (contiguous blocks of
-    envs; default one process per CPU core, at most one per env), stepped together."""
+    envs; default one process per CPU core, at most one per env), stepped together; with
+    ``step_frames`` chunk steps also return every step's video images (``STEP_FRAMES``)."""
 
     def __init__(self, env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = (),
-                 num_processes: int | None = None):
+                 num_processes: int | None = None, step_frames: bool = False):
         if not env_fns:
             raise ValueError("SubprocVectorEnv needs at least one env factory")
         self.num_envs = len(env_fns)
@@ -196,8 +227,8 @@ class SubprocVectorEnv:
             for i, block in enumerate(self._blocks):
                 parent, child = ctx.Pipe()
                 fns = [env_fns[j] for j in block]
-                proc = ctx.Process(target=_child, args=(int(block[0]), fns, child), daemon=True,
-                                   name=f"envs-{block[0]}-{block[-1]}")
+                proc = ctx.Process(target=_child, args=(int(block[0]), fns, child, step_frames),
+                                   daemon=True, name=f"envs-{block[0]}-{block[-1]}")
                 proc.start()
                 child.close()
                 self._res.procs.append(proc)
@@ -209,6 +240,7 @@ class SubprocVectorEnv:
                     raise ValueError(f"env {i} differs from env 0 in observations, action size or "
                                      f"reset states: {spec[:3]} vs {specs[0][:3]}")
             self.task_descriptions = [s[3] for s in specs]
+            self._frames = _frames_dtype(obs_spec) if step_frames else None
             layout, size = _layout(obs_spec, self.num_envs)
             # named like the channels' segments, so that the shared memory of a process killed
             # before it could close this is swept once that process is gone
@@ -247,10 +279,13 @@ class SubprocVectorEnv:
         for conn, block in zip(self._res.conns, self._blocks):
             conn.send_bytes(CHUNK + actions[block[0]:block[-1] + 1].tobytes())
         chunk = actions.shape[1]
-        per_env = np.concatenate([np.frombuffer(self._recv(i), np.float64).reshape(len(block), chunk, 3)
-                                  for i, block in enumerate(self._blocks)])  # [B, C, (reward, terminated, success)]
-        rewards = per_env[..., 0].astype(np.float32)
-        return self._copy_obs(), rewards, per_env[..., 1] > 0, per_env[..., 2] > 0
+        parsed = [_parse(self._recv(i), len(block), chunk, self._frames) for i, block in enumerate(self._blocks)]
+        per_env = np.concatenate([scalars for scalars, _ in parsed])
+        obs = self._copy_obs()
+        if self._frames is not None:
+            shots = np.concatenate([shots for _, shots in parsed])
+            obs[STEP_FRAMES] = {k: shots[k] for k in self._frames.names}
+        return obs, per_env[..., 0].astype(np.float32), per_env[..., 1] > 0, per_env[..., 2] > 0
 
     def close(self) -> None:
         self._obs = None  # drop the views into the shared block before it is closed
@@ -279,15 +314,17 @@ class SubprocVectorEnv:
 
 
 class InProcessEnv:
-    """One ``SingleEnv`` stepped in this process, as a batch of one."""
+    """One ``SingleEnv`` stepped in this process, as a batch of one (``step_frames`` as in
+    ``SubprocVectorEnv``)."""
 
     num_envs = 1
 
-    def __init__(self, env_fn: Callable[[], SingleEnv]):
+    def __init__(self, env_fn: Callable[[], SingleEnv], step_frames: bool = False):
         self.env = env_fn()
         self.action_dim = self.env.action_dim
         self.num_reset_states = self.env.num_reset_states
         self.task_descriptions = [self.env.task_description]
+        self._frames = _frames_dtype(self.env.obs_spec) if step_frames else None
 
     def reset(self, env_ids: np.ndarray, state_ids: np.ndarray) -> dict[str, np.ndarray]:
         if len(env_ids):
@@ -297,8 +334,12 @@ class InProcessEnv:
 
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
-        steps = np.array([self.env.step(a) for a in actions[0]], np.float64)[None]
-        return self._obs(), steps[..., 0].astype(np.float32), steps[..., 1] > 0, steps[..., 2] > 0
+        reply = _step_all([self.env], actions, self._frames is not None)
+        steps, shots = _parse(reply, 1, actions.shape[1], self._frames)
+        obs = self._obs()
+        if shots is not None:
+            obs[STEP_FRAMES] = {k: shots[k] for k in self._frames.names}
+        return obs, steps[..., 0].astype(np.float32), steps[..., 1] > 0, steps[..., 2] > 0
 
     def close(self) -> None:
         self.env.close()
@@ -308,9 +349,9 @@ class InProcessEnv:
 
 
 def single_env_batch(env_fns: Sequence[Callable[[], SingleEnv]], preload: Sequence[str] = (),
-                     num_processes: int | None = None) -> InProcessEnv | SubprocVectorEnv:
+                     num_processes: int | None = None, step_frames: bool = False) -> InProcessEnv | SubprocVectorEnv:
     """The ``BatchedSim`` for these single-scene envs: in this process when there is one, in
-    subprocesses otherwise (see ``SubprocVectorEnv`` for ``num_processes``)."""
+    subprocesses otherwise (see ``SubprocVectorEnv`` for ``num_processes`` and ``step_frames``)."""
     if len(env_fns) == 1:
-        return InProcessEnv(env_fns[0])
-    return SubprocVectorEnv(env_fns, preload, num_processes)
+        return InProcessEnv(env_fns[0], step_frames)
+    return SubprocVectorEnv(env_fns, preload, num_processes, step_frames)

@@ -28,7 +28,7 @@ the tokenizer and ``reward.reward_scale`` down to the env.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,42 +69,75 @@ def load_tokenizer(params: Mapping[str, Any]):
 
 def read_records(path: str | Path, prompt_key: str, answer_key: str) -> list[tuple[str, str]]:
     """``(prompt, answer)`` of every record of a JSONL or parquet file, or one ``DataError``
-    naming the file, line and key."""
+    naming the file, line (parquet: row or row group) and key."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
+    keys = ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key"))
+    rows: list[tuple[str, Any, Any]] = []  # (where, prompt, answer)
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        for key, name in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
-            if key not in table.column_names:
-                raise DataError(f"{path}: no column {key!r} ({name}); columns are {table.column_names}")
-        rows = list(zip(table.column(prompt_key).to_pylist(), table.column(answer_key).to_pylist()))
-        lines = range(1, len(rows) + 1)
+        for number, record in enumerate(read_parquet(path, keys), 1):
+            rows.append((f"{path}: row {number}", record[prompt_key], record[answer_key]))
     else:
-        rows, lines = [], []
-        with open(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{number}: not a JSON object ({err.msg})") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{number}: not a JSON object")
-                for key, name in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
-                    if key not in record:
-                        raise DataError(f"{path}:{number}: no key {key!r} ({name}); keys are {sorted(record)}")
-                rows.append((record[prompt_key], record[answer_key]))
-                lines.append(number)
+        for number, record in read_jsonl(path):
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{number}: not a JSON object")
+            for key, name in keys:
+                if key not in record:
+                    raise DataError(f"{path}:{number}: no key {key!r} ({name}); keys are {sorted(record)}")
+            rows.append((f"{path}:{number}", record[prompt_key], record[answer_key]))
     if not rows:
         raise DataError(f"data file {path} holds no records")
-    for (prompt, _), number in zip(rows, lines):
+    for where, prompt, _ in rows:
         if not isinstance(prompt, str):
-            raise DataError(f"{path}:{number}: {prompt_key!r} is not a string")
-    return [(p, str(a)) for p, a in rows]
+            raise DataError(f"{where}: {prompt_key!r} is not a string")
+    return [(prompt, str(answer)) for _, prompt, answer in rows]
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of every non-blank line of a JSONL file, or one ``DataError``
+    naming the file and line: text that is not UTF-8 (a byte-order mark is fine), or not JSON."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                                f"{err.start + 1}); save the file as UTF-8 JSONL") from None
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
+
+
+def read_parquet(path: Path, columns: Sequence[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+    """The ``columns`` (name, the config key that names it) of every row of a parquet file, one
+    row group at a time, or one ``DataError`` naming the file (and the row group) that cannot be
+    read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({_first_line(err)})") from None
+    names = file.schema_arrow.names
+    for column, key in columns:
+        if column not in names:
+            raise DataError(f"{path}: no column {column!r} ({key}); columns are {names}")
+    for group in range(file.num_row_groups):
+        try:
+            table = file.read_row_group(group, columns=[c for c, _ in columns])
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(f"{path}: row group {group + 1} of {file.num_row_groups} cannot be read "
+                            f"({_first_line(err)})") from None
+        yield from table.to_pylist()
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def load_prompts(params: Mapping[str, Any], tokenizer) -> tuple[list[Prompt], int]:

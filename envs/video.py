@@ -1,9 +1,16 @@
 """Video recording for any vector env: every env's camera tiled into one mp4 frame per reset and
-per chunk step, optionally with the step, chunk reward, success and task drawn on each tile.
+per env step, optionally with a thin strip on each tile: step, the step's reward, success, task.
 
 Frames come from the observations' cameras (``main_images``, ``wrist_images``) or, for envs
-without cameras, from scene renders the simulator adds for the recorder (``RENDER_IMAGES``),
-which the recorder removes from what it passes on.
+without cameras, from scene renders the simulator adds for the recorder (``RENDER_IMAGES``).
+Simulators that step a chunk without observing each step add every step's images while
+recording (``STEP_FRAMES``); an env without them gets one frame per chunk. The recorder removes
+both from what it passes on.
+
+Files are written under a hidden temporary name in their folder (``.<name>.partial``) and
+renamed when complete, so that an ``.mp4`` is always whole: a process killed mid-file leaves only
+the partial file, which the next recorder of the same name removes. A file's number is the next
+free one, so reruns and rebuilt envs never overwrite earlier videos.
 
 A file starts at ``reset()`` (or at the first step after ``flush()``) and ends at the next
 ``reset()``, ``flush()`` or ``close()``. It is finished before any exception leaves the wrapper,
@@ -18,24 +25,26 @@ auto-reset) or at ``flush()``. Extra episodes that only fill a batch get no file
 
 from __future__ import annotations
 
+import glob
 import math
-import textwrap
+import os
 import weakref
 from pathlib import Path
 from typing import Any
 
-import imageio
+import imageio_ffmpeg
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from core.errors import EnvSetupError
-from envs.protocol import RENDER_IMAGES
+from envs.protocol import RENDER_IMAGES, STEP_FRAMES, video_keys
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.video_cfg.info_on_video", "env.*.video_cfg.per_episode", "env.*.video_cfg.fps",
                "env.*.video_cfg.video_base_dir")
 
 MACRO_BLOCK = 16  # h264 wants frame sides divisible by this; frames are padded, never rescaled
+PARTIAL = ".partial"
 
 
 def tile_frames(obs: dict[str, Any]) -> np.ndarray:
@@ -54,14 +63,82 @@ def tile_frames(obs: dict[str, Any]) -> np.ndarray:
     return frame
 
 
-def _without_renders(obs: dict[str, Any]) -> dict[str, Any]:
-    if RENDER_IMAGES not in obs:
-        return obs
-    return {k: v for k, v in obs.items() if k != RENDER_IMAGES}
+def strip_height(tile_height: int) -> int:
+    """Rows of the info strip on a tile: a font of 1/20 of the tile (at least 8 px) and a pixel
+    above and below, 13 of 224 rows (under 6 %)."""
+    return max(8, tile_height // 20) + 2
+
+
+def draw_info(frame: np.ndarray, tile: tuple[int, int], texts: list[str]) -> np.ndarray:
+    """``texts[i]`` on a darkened strip across the top of tile ``i`` (tiles of ``tile`` = (height,
+    width) in the grid of ``tile_frames``), cut to the tile's width."""
+    h, w = tile
+    cols = math.ceil(math.sqrt(len(texts)))
+    strip = strip_height(h)
+    font = ImageFont.load_default(size=strip - 2)
+    for i in range(len(texts)):
+        r, c = divmod(i, cols)
+        frame[r * h:r * h + strip, c * w:(c + 1) * w] //= 3  # dark, the scene still visible
+    image = Image.fromarray(frame)
+    draw = ImageDraw.Draw(image)
+    for i, text in enumerate(texts):
+        r, c = divmod(i, cols)
+        draw.text((c * w + 2, r * h + strip / 2), _fit(text, font, w - 4), fill=(255, 255, 0), font=font,
+                  anchor="lm")
+    return np.asarray(image)
+
+
+def _fit(text: str, font: Any, width: float) -> str:
+    if font.getlength(text) <= width:
+        return text
+    while text and font.getlength(text + "...") > width:
+        text = text[:-1]
+    return text + "..."
 
 
 def _pad(n: int) -> int:
     return -(-n // MACRO_BLOCK) * MACRO_BLOCK
+
+
+def _passed_on(obs: dict[str, Any]) -> dict[str, Any]:
+    """The observation without what only the recorder reads."""
+    if RENDER_IMAGES not in obs and STEP_FRAMES not in obs:
+        return obs
+    return {k: v for k, v in obs.items() if k not in (RENDER_IMAGES, STEP_FRAMES)}
+
+
+def _views(obs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The images a frame tiles, as ``tile_frames`` takes them."""
+    keys = video_keys(obs)
+    if not keys:
+        raise EnvSetupError("env.video_cfg.save_video needs camera observations (main_images) "
+                            "or scene renders; this env gives neither")
+    if keys == (RENDER_IMAGES,):
+        return {"main_images": obs[RENDER_IMAGES]}
+    return {k: obs[k] for k in keys}
+
+
+class _Mp4:
+    """One mp4, written as ``.<name>.partial`` beside its final name and renamed when closed."""
+
+    def __init__(self, path: Path, fps: int):
+        self.path, self.fps = path, fps
+        self.partial = path.with_name(f".{path.name}{PARTIAL}")
+        self._frames: Any = None  # imageio-ffmpeg's writer, from the first frame on
+
+    def append(self, frame: np.ndarray) -> None:
+        if self._frames is None:
+            self._frames = imageio_ffmpeg.write_frames(
+                str(self.partial), (frame.shape[1], frame.shape[0]), fps=self.fps, codec="libx264",
+                macro_block_size=MACRO_BLOCK, ffmpeg_log_level="error", output_params=["-f", "mp4"])
+            self._frames.send(None)
+        self._frames.send(np.ascontiguousarray(frame))
+
+    def close(self) -> None:
+        frames, self._frames = self._frames, None
+        if frames is not None:
+            frames.close()
+            os.replace(self.partial, self.path)
 
 
 class VideoRecorder:
@@ -77,9 +154,10 @@ class VideoRecorder:
         self.per_episode = per_episode
         self.paths: list[Path] = []
         # one writer (tiled), or one per env (per_episode; None while an env idles)
-        self._writers: list[Any] = [None] * (env.num_envs if per_episode else 1)
+        self._writers: list[_Mp4 | None] = [None] * (env.num_envs if per_episode else 1)
         self._closers: list[weakref.finalize | None] = [None] * len(self._writers)
         self._step = np.zeros(env.num_envs, np.int64)
+        self._success = np.zeros(env.num_envs, bool)
 
     @classmethod
     def from_config(cls, env: Any, env_cfg: Any, name: str) -> VideoRecorder:
@@ -100,27 +178,41 @@ class VideoRecorder:
         self.flush()
         obs = self._guarded(self.env.reset, reset_state_ids)
         self._step[:] = 0
+        self._success[:] = False
         if self.per_episode:
             self._start_episodes(np.arange(self.env.num_envs))
-        self._record(obs, rewards=None, success=None)
-        return _without_renders(obs)
+        self._record(obs, None, self._step)
+        return _passed_on(obs)
 
     def chunk_step(self, actions: np.ndarray) -> tuple:
         obs, rewards, terminations, truncations, infos = self._guarded(self.env.chunk_step, actions)
         shown = infos.get("final_obs", obs)
-        self._step = np.asarray(infos.get("episode_length", self._step + rewards.shape[1]))
-        self._record(shown, rewards=rewards.sum(axis=1), success=infos.get("success"))
+        before = self._step
+        self._step = np.asarray(infos.get("episode_length", before + rewards.shape[1]))
+        success = infos.get("success")
+        if STEP_FRAMES in shown:  # one frame per env step; success as it stood at the chunk's end
+            chunk = rewards.shape[1]
+            for t, images in enumerate(_each_step(shown[STEP_FRAMES], chunk)):
+                if t == chunk - 1 and success is not None:
+                    self._success = np.asarray(success, bool)
+                self._record({**images, "task_descriptions": shown.get("task_descriptions")}, rewards[:, t],
+                             np.minimum(before + t + 1, self._step), live=before + t < self._step)
+        else:
+            if success is not None:
+                self._success = np.asarray(success, bool)
+            self._record(shown, rewards.sum(axis=1), self._step)
         if "final_obs" in infos:
-            infos["final_obs"] = _without_renders(infos["final_obs"])
+            infos["final_obs"] = _passed_on(infos["final_obs"])
         if self.per_episode and "done" in infos:
             done = np.flatnonzero(infos["done"])
             for i in done:  # the episode's file ends with it
                 self._finish(int(i))
             if "final_obs" in infos and len(done):  # auto-reset: the next episodes begin
                 self._step[done] = 0
+                self._success[done] = False
                 self._start_episodes(done)
-                self._record(obs, rewards=None, success=None, envs=done)
-        return _without_renders(obs), rewards, terminations, truncations, infos
+                self._record(obs, None, self._step, envs=done)
+        return _passed_on(obs), rewards, terminations, truncations, infos
 
     def flush(self) -> None:
         """Finish the current file(s) (the next frame starts new ones)."""
@@ -160,64 +252,52 @@ class VideoRecorder:
 
     def _open(self, i: int, stem: str) -> None:
         self.video_dir.mkdir(parents=True, exist_ok=True)
-        path = self.video_dir / f"{stem}_{len(self.paths):04d}.mp4"
-        self._writers[i] = imageio.get_writer(path, fps=self.fps, codec="libx264",
-                                              macro_block_size=MACRO_BLOCK, ffmpeg_log_level="error")
+        if not self.paths:  # what a killed process of this name left unfinished
+            for stale in self.video_dir.glob(f".{glob.escape(self.name)}_*{PARTIAL}"):
+                stale.unlink(missing_ok=True)
+        number = len(self.paths)
+        while any(p.exists() for p in self._names(stem, number)):
+            number += 1
+        self._writers[i] = _Mp4(self._names(stem, number)[0], self.fps)
         self._closers[i] = weakref.finalize(self, self._writers[i].close)
-        self.paths.append(path)
+        self.paths.append(self._writers[i].path)
 
-    def _record(self, obs: dict[str, Any], rewards: np.ndarray | None,
-                success: np.ndarray | None, envs: np.ndarray | None = None) -> None:
-        if RENDER_IMAGES in obs:
-            obs = {"main_images": obs[RENDER_IMAGES], "task_descriptions": obs.get("task_descriptions")}
-        if "main_images" not in obs:
-            raise EnvSetupError("env.video_cfg.save_video needs camera observations (main_images) "
-                                "or scene renders; this env gives neither")
+    def _names(self, stem: str, number: int) -> tuple[Path, Path]:
+        name = f"{stem}_{number:04d}.mp4"
+        return self.video_dir / name, self.video_dir / f".{name}{PARTIAL}"
+
+    def _record(self, obs: dict[str, Any], rewards: np.ndarray | None, steps: np.ndarray,
+                envs: np.ndarray | None = None, live: np.ndarray | None = None) -> None:
+        """One frame of ``obs``: of all envs tiled, or (``per_episode``) of each env of ``envs``
+        whose episode ran this step (``live``)."""
+        views = _views(obs)
+        b = len(views["main_images"])
+        tasks = list(obs.get("task_descriptions") or [""] * b)
         if not self.per_episode:
             if self._writers[0] is None:
                 self._open(0, self.name)
-            self._writers[0].append_data(self._frame(obs, rewards, success, self._step))
+            self._writers[0].append(self._frame(views, tasks, rewards, self._success, steps))
             return
-        for i in range(self.env.num_envs) if envs is None else envs:
-            if self._writers[i] is None:
-                continue  # an env idling after its episode ended (no auto-reset)
+        for i in range(b) if envs is None else envs:
+            if self._writers[i] is None or (live is not None and not live[i]):
+                continue  # an env idling after its episode ended, or past its end in this chunk
             rows = slice(i, i + 1)
-            one = {k: v[rows] for k, v in obs.items() if k in ("main_images", "wrist_images")}
-            one["task_descriptions"] = (obs.get("task_descriptions") or [""] * len(obs["main_images"]))[rows]
-            self._writers[i].append_data(self._frame(
-                one, None if rewards is None else rewards[rows],
-                None if success is None else success[rows], self._step[rows]))
+            self._writers[i].append(self._frame(
+                {k: v[rows] for k, v in views.items()}, tasks[rows], None if rewards is None else rewards[rows],
+                self._success[rows], steps[rows]))
 
-    def _frame(self, obs: dict[str, Any], rewards: np.ndarray | None, success: np.ndarray | None,
-               steps: np.ndarray) -> np.ndarray:
-        frame = tile_frames(obs)
-        if self.info_on_video:
-            frame = self._draw_info(frame, obs, rewards, success, steps)
-        return frame
+    def _frame(self, views: dict[str, np.ndarray], tasks: list[str], rewards: np.ndarray | None,
+               success: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        frame = tile_frames(views)
+        if not self.info_on_video:
+            return frame
+        _, h, w, _ = views["main_images"].shape
+        texts = [" | ".join([f"step {steps[i]}", *([] if rewards is None else [f"{rewards[i]:+.3f}"]),
+                             *(["success"] if success[i] else []), *([tasks[i]] if tasks[i] else [])])
+                 for i in range(len(tasks))]
+        return draw_info(frame, (h, w * len(views)), texts)
 
-    def _draw_info(self, frame: np.ndarray, obs: dict[str, Any], rewards: np.ndarray | None,
-                   success: np.ndarray | None, steps: np.ndarray) -> np.ndarray:
-        b, h, w, _ = obs["main_images"].shape
-        tile_w = w * (2 if "wrist_images" in obs else 1)
-        cols = math.ceil(math.sqrt(b))
-        size = max(8, h // 12)
-        font = ImageFont.load_default(size=size)
-        chars = max(8, int(tile_w / (0.6 * size)))
-        image = Image.fromarray(frame)
-        draw = ImageDraw.Draw(image)
-        tasks = obs.get("task_descriptions") or [""] * b
-        for i in range(b):
-            r, c = divmod(i, cols)
-            x, y = c * tile_w + 2, r * h + 1
-            lines = [f"step {steps[i]}"]
-            if rewards is not None:
-                lines.append(f"reward {rewards[i]:+.3f}")
-            if success is not None:
-                lines.append(f"success {bool(success[i])}")
-            lines += textwrap.wrap(tasks[i], chars)[:2]
-            for line in lines:
-                box = draw.textbbox((x, y), line, font=font)
-                draw.rectangle(box, fill=(0, 0, 0))
-                draw.text((x, y), line, fill=(255, 255, 0), font=font)
-                y += size + 1
-        return np.asarray(image)
+
+def _each_step(frames: dict[str, np.ndarray], chunk: int) -> list[dict[str, np.ndarray]]:
+    """``STEP_FRAMES`` (``{key: [B, C, ...]}``) as one observation of images per step."""
+    return [{k: v[:, t] for k, v in frames.items()} for t in range(chunk)]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from policies.action_heads import VALUE_GAIN, build_action_head, layer_init, unread_head_keys
-from policies.base import ActOutput, EvaluateOutput, Policy, model_option
+from policies.base import ActOutput, EvaluateOutput, ImitationOutput, Policy, model_option
 
 
 class SmallActorCritic(Policy):
@@ -96,6 +96,14 @@ class SmallActorCritic(Policy):
         dist, values = self.distribution_and_values(forward_inputs)
         actions = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
         return EvaluateOutput(self.action_head.log_prob(dist, actions), dist.entropy(), values)
+
+    def imitation(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> ImitationOutput:
+        """Behaviour cloning by maximum likelihood: the head's log-probs of the demonstrated
+        actions (Gaussian: NLL per dim, the log-std fitted too; bins: cross-entropy on the
+        nearest bin), with the greedy action (mean, or likeliest bin) beside them."""
+        dist, _ = self.distribution_and_values(forward_inputs)
+        actions = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
+        return ImitationOutput(self.action_head.log_prob(dist, actions), self.action_head.sample(dist, False), actions)
 
 
 def obs_tensor(obs: Mapping[str, Any], key: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> Tensor:

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from core.description import EnvDescription
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError, expected
 from policies.weights import check_keys, full_tensor, is_writer
 
 MODEL_FILE = "model.pt"
@@ -68,6 +69,15 @@ class EvaluateOutput:
     values: Tensor | None
 
 
+@dataclass
+class ImitationOutput:
+    """What a policy's head gives for demonstrated actions (``Policy.imitation``), with grad."""
+
+    logprobs: Tensor | None  # [B, C, action_dim] log-likelihood per token; None for a regression head
+    predicted: Tensor | None = None  # [B, C, action_dim] the greedy action, in the units of target
+    target: Tensor | None = None  # [B, C, action_dim] the demonstrated action
+
+
 def model_option(cfg: Mapping[str, Any], key: str) -> Any:
     """``cfg[key]`` of ``actor.model``, or one clear error naming the missing key."""
     if key not in cfg or cfg[key] is None:
@@ -82,6 +92,13 @@ class Policy(nn.Module, ABC):
     # classes), and the keys of its model schema it refuses when set, with why. tests/test_schema.py
     # checks that every key of a model's schema is read or refused.
     config_keys: ClassVar[tuple[str, ...]] = ("model_type", "action_dim", "num_action_chunks", "value_type")
+    # The actor.model keys a training checkpoint fixes (what its weights were built for), which
+    # evaluating or exporting it takes from its config (``checkpoint_settings``).
+    checkpoint_keys: ClassVar[tuple[str, ...]] = ("model_type", "action_dim", "num_action_chunks", "add_value_head",
+                                                  "value_type", "is_lora")
+    # Those of them that the weights do not depend on: taken from the checkpoint unless the
+    # command line sets them (e.g. a longer prompt for a new env's instructions).
+    checkpoint_defaults: ClassVar[tuple[str, ...]] = ()
     refused_keys: ClassVar[dict[str, str]] = {}
     generates_text: ClassVar[bool] = False  # reads TEXT_GENERATION_KEYS and actor.tokenizer
     reads_task_prompt: ClassVar[bool] = False  # reads runner.max_prompt_length
@@ -103,7 +120,35 @@ class Policy(nn.Module, ABC):
     @classmethod
     def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
         """Checks of the options against an env split's description (``split`` names it in
-        messages); raise ``ConfigError``. None by default."""
+        messages); raise ``ConfigError``. Here what every policy shares: the action size, and the
+        state size of a policy with ``state_dim``."""
+        where = f"env.{split}" + (f" ({env.label})" if env.label else "")
+        if env.action_dim is not None and int(cfg["action_dim"]) != env.action_dim:
+            raise expected("actor.model.action_dim", cfg["action_dim"], f"{env.action_dim}, the action size of {where}")
+        state = cfg.get("state_dim")
+        if state and env.state_dim is not None and int(state) != env.state_dim:
+            raise expected("actor.model.state_dim", state, f"{env.state_dim}, the length of obs['states'] of {where}")
+
+    @classmethod
+    def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+        """The ``actor.model`` options that the training checkpoint whose ``actor`` folder is
+        ``folder`` fixes, from ``cfg``, the options it was trained with: ``embodied-eval`` and
+        ``embodied-export`` take them from it (``embodied/preflight.py``)."""
+        return {key: cfg[key] for key in cls.checkpoint_keys if key in cfg}
+
+    @classmethod
+    def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
+        """Checks of a training checkpoint's ``actor`` folder (named by config key ``key``)
+        against the options, before any worker reads it; raise ``ConfigError``. Here the default
+        layout: ``model.pt``'s names and shapes against the policy built on the meta device."""
+        file = folder / MODEL_FILE
+        if not file.is_file():
+            raise CheckpointError(f"{key}: {file} is missing (the weights of a model_type {cfg['model_type']} "
+                                  "checkpoint)")
+        with torch.device("meta"):
+            own = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+        saved = torch.load(file, map_location="meta", weights_only=True)
+        check_keys(own, {k: tuple(v.shape) for k, v in saved.items()}, f"{key}: checkpoint {file}")
 
     @classmethod
     def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
@@ -151,8 +196,33 @@ class Policy(nn.Module, ABC):
     def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
         """Log-probs, entropy and values of ``actions`` given stored ``forward_inputs``, with grad."""
 
-    def forward(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
-        return self.evaluate(forward_inputs, actions)
+    def forward(self, forward_inputs: Mapping[str, Tensor], actions: Tensor,
+                imitation: bool = False) -> EvaluateOutput | ImitationOutput:
+        return self.imitation(forward_inputs, actions) if imitation else self.evaluate(forward_inputs, actions)
+
+    # ------------------------------------------------------------ imitation (SFT)
+    @torch.no_grad()
+    def imitation_inputs(self, obs: Mapping[str, Any], actions: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """Demonstrated observations and action chunks (``[B, C, action_dim]``, env units) ->
+        ``(forward_inputs, actions)`` as a rollout would have stored them had the policy chosen
+        these actions: by default ``act``'s (greedy) inputs and the actions as given. A policy
+        whose stored actions are not the env's (tokens, normalized values) overrides it."""
+        return self.act(obs, do_sample=False).forward_inputs, torch.as_tensor(actions, dtype=torch.float32)
+
+    def imitation(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> ImitationOutput:
+        """What the imitation loss trains on (``embodied/algorithms/imitation.py``), with grad:
+        by default the log-probs ``evaluate`` gives the demonstrated actions (their NLL)."""
+        return ImitationOutput(self.evaluate(forward_inputs, actions).logprobs)
+
+    @classmethod
+    def imitation_options(cls, cfg: Mapping[str, Any], actions: np.ndarray, states: np.ndarray | None,
+                          dataset: str, folder: Path) -> dict[str, Any]:
+        """The ``actor.model`` options an SFT run trains, given every demonstrated action
+        (``[N, action_dim]``, env units) and proprio state (``[N, D]``, None without) of the
+        dataset named ``dataset``; ``folder`` is the run's own, for what they must write. By
+        default the options as they are (a policy that normalizes by statistics writes a
+        checkpoint folder holding the demos' there)."""
+        return dict(cfg)
 
     @torch.no_grad()
     def probe_logprobs(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError, expected
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
 from policies.weights import DTYPES
 
@@ -45,6 +45,7 @@ class CausalLMPolicy(Policy):
                    "top_k", "top_p", "repetition_penalty", "min_new_tokens")
     refused_keys = {"add_value_head": "a value head, because causal_lm has none (GRPO needs no critic: "
                                       "algorithm.adv_type grpo)"}
+    checkpoint_keys = ("model_type", "model_path", "tokenizer_model", "is_lora", "lora_rank", "lora_path")
     generates_text = True
 
     @classmethod
@@ -56,6 +57,41 @@ class CausalLMPolicy(Policy):
         path = cfg.get("model_path")
         if path is None or not (Path(path) / "config.json").is_file():
             raise ConfigError(f"actor.model.model_path = {path!r}: expected a Hugging Face model folder (with config.json)")
+
+    @classmethod
+    def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+        """A LoRA run's adapters start from its own ``lora_adapter/``."""
+        from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR
+
+        settings = super().checkpoint_settings(cfg, folder)
+        if cfg.get("is_lora") and (folder / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
+            settings["lora_path"] = str(folder / ADAPTER_DIR)
+        return settings
+
+    @classmethod
+    def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
+        """The layout ``read_checkpoint`` takes: a LoRA run's adapter (of ``lora_rank``) with
+        ``is_lora``, else ``model.pt``."""
+        import json
+
+        from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS
+
+        adapter = folder / ADAPTER_DIR
+        if cfg["is_lora"]:
+            if not (adapter / ADAPTER_WEIGHTS).is_file():
+                hint = f"; it holds a full run's {MODEL_FILE}: set actor.model.is_lora=false" \
+                    if (folder / MODEL_FILE).is_file() else ""
+                raise CheckpointError(f"{key}: {adapter / ADAPTER_WEIGHTS} is missing but actor.model.is_lora is "
+                                      f"true{hint}")
+            rank = json.loads((adapter / ADAPTER_CONFIG).read_text()).get("r")
+            if rank != cfg["lora_rank"]:
+                raise expected("actor.model.lora_rank", cfg["lora_rank"],
+                               f"{rank}, the rank of the LoRA run in {key}={adapter / ADAPTER_CONFIG}")
+        elif not (folder / MODEL_FILE).is_file():
+            if adapter.is_dir():
+                raise CheckpointError(f"{key}: {adapter} holds a LoRA run's adapter but actor.model.is_lora is false; "
+                                      "set actor.model.is_lora=true (and lora_rank as trained)")
+            raise CheckpointError(f"{key}: {folder / MODEL_FILE} is missing (the weights of a causal_lm checkpoint)")
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
@@ -122,12 +158,13 @@ class CausalLMPolicy(Policy):
         start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
         s = self.sampling
         vocab = self.model.config.vocab_size
+        # sampling options only when sampling: greedy ignores them, and transformers warns on each
+        # greedy call that sets them; "off" is passed as 0 / 1.0 (None would take the checkpoint's
+        # generation_config values)
+        sampling = dict(temperature=s["temperature"], top_k=s["top_k"] if 0 < s["top_k"] < vocab else 0,
+                        top_p=s["top_p"]) if do_sample else {}
         config = GenerationConfig(
-            max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample,
-            temperature=s["temperature"] if do_sample else None,
-            # "off" is passed as 0 / 1.0: None would take the checkpoint's generation_config values
-            top_k=s["top_k"] if do_sample and 0 < s["top_k"] < vocab else 0,
-            top_p=s["top_p"] if do_sample else 1.0,
+            max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample, **sampling,
             repetition_penalty=s["repetition_penalty"], eos_token_id=self.eos, pad_token_id=self.pad,
             output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from core.description import EnvDescription
+from core.errors import ConfigError
 from policies.action_heads import layer_init, mlp
 from policies.actor_critic import SmallActorCritic, obs_tensor
 from policies.base import model_option
@@ -24,6 +26,15 @@ from policies.base import model_option
 class CNNPolicy(SmallActorCritic):
     config_keys = ("image_size", "conv_channels", "conv_kernels", "conv_strides", "image_feature_dim",
                    "state_feature_dim")
+    checkpoint_keys = (*SmallActorCritic.checkpoint_keys, *config_keys, "state_dim", "hidden_dims",
+                       "action_distribution", "n_action_bins")
+
+    @classmethod
+    def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
+        super().check_env(cfg, env, split)
+        if env.image_keys is not None and "main_images" not in env.image_keys:
+            raise ConfigError(f"env.{split}: model_type cnn reads obs['main_images'] but {env.label or 'the env'} "
+                              "gives no camera images (an obs_mode with cameras, e.g. init_params.obs_mode=rgb)")
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)

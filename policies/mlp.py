@@ -19,6 +19,9 @@ from policies.base import model_option
 
 
 class MLPPolicy(SmallActorCritic):
+    checkpoint_keys = (*SmallActorCritic.checkpoint_keys, "state_dim", "hidden_dims", "action_distribution",
+                       "n_action_bins")
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
         self.state_dim = int(model_option(cfg, "state_dim"))

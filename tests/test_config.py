@@ -22,7 +22,13 @@ def test_there_are_shipped_experiments():
 def _user_files(name: str, request) -> list[str]:
     """Math configs read the user's model and prompt set before anything starts: give them the
     tiny ones the tests make. LIBERO configs check the asset folders: give them a stand-in
-    layout (the suites' meshes are not available here)."""
+    layout (the suites' meshes are not available here). SFT configs read the user's
+    demonstrations: give them made-up ones of the shape they expect."""
+    if "_sft_" in name:
+        from test_sft import write_demos
+
+        demos = write_demos(request.getfixturevalue("tmp_path") / "push_cube", image=(64, 64))
+        return [f"data.demo_paths=[{demos}]"]
     if name.startswith("libero_"):
         assets = stand_in_assets(request.getfixturevalue("tmp_path") / "libero_assets")
         return [f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval")]

@@ -73,7 +73,10 @@ def hf(tiny_math):
 
 @pytest.fixture(scope="module")
 def engine(tiny_math):
-    import trimesh  # noqa: F401  (loaded in every process that imported ManiSkill; the engine must start anyway)
+    # modules that vLLM's start-up scan of sys.modules trips over, loaded in the suite's process by
+    # other tests (ManiSkill imports trimesh; numba imports llvmlite): the engine must start anyway
+    import llvmlite.binding  # noqa: F401
+    import trimesh  # noqa: F401
     from policies.engines.vllm import VLLMCausalLM
 
     policy = VLLMCausalLM(_cfg(tiny_math["model"], temperature=0.7), ENGINE_OPTIONS, cpu_threads=1)

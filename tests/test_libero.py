@@ -226,8 +226,8 @@ def test_per_episode_videos_are_named_by_task_and_init_state(tmp_path):
     assert files == [f"eval_rank0_stage0_task000_init12_{task}_0000.mp4",
                      f"eval_rank0_stage0_task000_init31_{task}_0001.mp4"]
     frames = np.stack(imageio.mimread(videos / files[0], memtest=False))
-    # the reset and two chunks; agent view and wrist view side by side (32 px, padded to 16s)
-    assert frames.shape == (3, 32, 64, 3) and frames.std() > 5
+    # the reset and 2 chunks x 2 steps; agent view and wrist view side by side (32 px, padded to 16s)
+    assert frames.shape == (5, 32, 64, 3) and frames.std() > 5
 
 
 # ------------------------------------------------------------------ suites and configs
@@ -382,7 +382,7 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
     names = sorted(p.name.split("_stage0_")[1][:14] for p in videos.iterdir())
     assert names == sorted(f"task{t:03d}_init{k:02d}" for t in (0, 1) for k in (3, 4, 5))
     frames = np.stack(imageio.mimread(next(videos.iterdir()), memtest=False))
-    assert frames.shape == (3, 32, 32, 3)  # the reset and two 2-step chunks
+    assert frames.shape == (5, 32, 32, 3)  # the reset and one frame per step of two 2-step chunks
 
 
 def test_soft_resets_match_liberos_own_hard_reset():

@@ -220,12 +220,12 @@ def test_rgb_cameras_and_video(tmp_path):
         assert not Path(f"/proc/{pid}").exists()
     (path,) = env.paths
     frames = np.stack(imageio.mimread(path, memtest=False))
-    assert frames.shape == (4, 48, 2 * 2 * 64, 3)  # reset + 3 chunks; 2 envs x (main | wrist)
+    assert frames.shape == (7, 48, 2 * 2 * 64, 3)  # reset + 3 chunks x 2 steps; 2 envs x (main | wrist)
 
 
 def test_state_observations_with_video_render_the_scene(tmp_path):
     """PushCube with obs_mode state has no cameras: its scene is rendered at the camera size for
-    the video (one frame per reset and chunk, also across an auto-reset), and the observations
+    the video (one frame per reset and env step, also across an auto-reset), and the observations
     stay states only."""
     cfg = load_env_config("maniskill_push_cube", [
         "init_params.camera_heights=48", "init_params.camera_widths=64", "video_cfg.save_video=true",
@@ -243,9 +243,31 @@ def test_state_observations_with_video_render_the_scene(tmp_path):
     (path,) = env.paths
     assert path == tmp_path / "eval_rank0_stage0_0000.mp4"
     frames = np.stack(imageio.mimread(path, memtest=False)).astype(np.float32)
-    assert frames.shape == (4, 48, 2 * 64, 3)  # reset + 3 chunks; 2 envs side by side
+    assert frames.shape == (7, 48, 2 * 64, 3)  # reset + 3 chunks x 2 steps; 2 envs side by side
     assert frames.std(axis=(1, 2, 3)).min() > 5  # a rendered scene, not a blank image
     assert np.abs(frames[1] - frames[0]).mean() > 0.5  # the arm moved
+
+
+def test_the_wrist_camera_panda_warning_is_dropped_and_other_warnings_show_once():
+    """panda_wristcam is the Panda plus a camera: ManiSkill's "not in the task's list of
+    supported robots", printed at every env construction, is known harmless for Panda tasks."""
+    import logging
+
+    shown: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())
+    log = logging.getLogger("mani_skill ")  # (sic)
+    log.addHandler(handler)
+    try:
+        cfg = load_env_config("maniskill_pick_cube", ["init_params.robot_uids=panda_wristcam", "init_params.obs_mode=rgb",
+                                                      "init_params.camera_heights=32", "init_params.camera_widths=32"])
+        for _ in range(2):
+            make_vector_env(cfg, num_envs=1).close()
+        for _ in range(3):
+            log.warning("a warning of ManiSkill's own")
+    finally:
+        log.removeHandler(handler)
+    assert shown == ["a warning of ManiSkill's own"]
 
 
 def test_bad_settings_fail_before_any_simulator_starts():

@@ -126,19 +126,19 @@ def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):
 
 def test_megatron_backend_learns_like_fsdp(tiny_math, fsdp_learning, tmp_path):
     """``actor.training_backend=megatron`` through the same pipeline (a Megatron-Core GPTModel, here
-    tensor parallel 2 x data parallel 1 over gloo, the tiny model's 15-token vocabulary padded to
-    16; weights synced to the HF rollout policy): its first rollout is the FSDP2 run's, and its
-    training reward rises as much. (With one data-parallel replica instead of FSDP's two, the
-    minibatches hold other samples from the first update on, so the runs part there; unit tests
-    in test_megatron.py show TP 2 == TP 1 == HF step for step. A 200-prompt eval is too noisy to
-    compare runs, the mean reward of 60 steps x 512 responses is not.)"""
+    tensor parallel 1 x data parallel 2 over gloo, the same minibatches per rank as FSDP2's two
+    replicas; weights synced to the HF rollout policy): its first rollout is the FSDP2 run's, and
+    its training reward rises as much. (Tensor parallel 2 is what test_megatron.py runs over two
+    gloo processes, TP 2 == TP 1 == HF step for step; through this pipeline it takes 4x the step
+    time of the FSDP2 run on 2 cores, each rank computing the whole batch. A 200-prompt eval is too
+    noisy to compare runs, the mean reward of 60 steps x 512 responses is not.)"""
     from statistics import mean
 
     from tests.test_pipeline import scalars
 
     fsdp_result, _, fsdp_run = fsdp_learning
     result, _ = learning_run(tiny_math, tmp_path, "actor.training_backend=megatron",
-                             "actor.model.tensor_model_parallel_size=2")
+                             "actor.model.tensor_model_parallel_size=1")
     assert result["eval_success_before"] == fsdp_result["eval_success_before"]
     assert result["eval_success"] > result["eval_success_before"], result
     ours, fsdp = scalars(tmp_path / "learn", "train/return"), scalars(fsdp_run, "train/return")

@@ -58,6 +58,7 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert "train:" in done.stderr  # the progress bar
     step = checkpoint.latest(tmp_path / "tiny" / "checkpoints")
     assert step.name == "global_step_2"
+    assert checkpoint.read_config(step)["actor"]["model"]["model_type"] == "mlp"  # the run's resolved config
     weights = torch.load(step / "actor" / "model.pt", weights_only=True)
     assert any("value_head" in k for k in weights)
     losses = scalars(tmp_path / "tiny", "actor/policy_loss")

@@ -91,6 +91,21 @@ def test_the_cli_exits_2_on_a_value_outside_its_rule(capsys):
     assert "algorithm.gamma = 1.5: expected a number >= 0 and <= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("override, message", [
+    ("actor.model.do_sample=maybe", "actor.model.do_sample = 'maybe': expected true or false"),  # default ${...}
+    ("env.train.num_processes=many", "env.train.num_processes = 'many': expected a number >= 1 or null"),
+    ("env.eval.video_cfg.fps=0", "env.eval.video_cfg.fps = 0: expected a number >= 1"),
+    ("env.train.seed=-1", "env.train.seed = -1: expected a number >= 0"),
+    ("env.eval.task_suite_name=libero_99", "env.eval.task_suite_name = 'libero_99': expected one of ['libero_spatial', "),
+])
+def test_a_value_no_env_or_model_allows_is_refused_where_nothing_reads_it(override, message, capsys):
+    """ManiSkill reads no suite; the keys are still checked against their rule, before anything starts."""
+    from embodied import cli
+
+    assert cli._main(["--config-name", "maniskill_ppo_mlp", "--dry-run", override], "embodied-train") == 2
+    assert message in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ choices are implemented
 def test_every_declared_choice_is_implemented():
     from embodied.algorithms.kl import kl_penalty
@@ -98,10 +113,12 @@ def test_every_declared_choice_is_implemented():
     from embodied.algorithms.losses import aggregate_loss
     from embodied.lr_schedule import learning_rate
     from embodied.training_options import build_optimizer
+    from envs.libero import SUITES
     from policies.action_heads import build_action_head
     from embodied.algorithms.levels import reduce_logprobs
     from policies.weights import DTYPES
 
+    assert schema.choices("env.train.task_suite_name") == SUITES
     lp, ref = torch.randn(4, 2, 3), torch.randn(4, 2, 3)
     for name in schema.choices("algorithm.kl_penalty_type"):
         assert kl_penalty(lp, ref, name).shape == lp.shape

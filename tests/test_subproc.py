@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from envs.episode_stats import EpisodeStats
+from envs.protocol import STEP_FRAMES
 from envs.subproc import InProcessEnv, SubprocVectorEnv, single_env_batch
 from envs.vector_env import EnvSetupError, VectorEnv
 
@@ -294,3 +295,20 @@ def test_a_lone_env_steps_in_process_exactly_like_a_subprocess_one():
     finally:
         inproc.close()
         sub.close()
+
+
+def test_step_frames_hold_every_steps_images_in_and_out_of_process():
+    """While a video records, a chunk also returns each step's images (STEP_FRAMES): the
+    observation each env would give after that step, from processes and in-process alike."""
+    for sim in (SubprocVectorEnv(make_fns(10, 10, 10), num_processes=2, step_frames=True),
+                single_env_batch(make_fns(10), step_frames=True)):
+        try:
+            sim.reset(np.arange(sim.num_envs), np.arange(sim.num_envs))
+            obs, *_ = sim.step_chunk(np.zeros((sim.num_envs, 4, 2), np.float32))
+            frames = obs[STEP_FRAMES]
+            assert set(frames) == {"main_images"} and frames["main_images"].shape == (sim.num_envs, 4, 4, 6, 3)
+            expected = 10 * np.arange(sim.num_envs)[:, None] + np.arange(1, 5)  # state id * 10 + step
+            np.testing.assert_array_equal(frames["main_images"][:, :, 0, 0, 0], expected)
+            np.testing.assert_array_equal(frames["main_images"][:, -1], obs["main_images"])
+        finally:
+            sim.close()

@@ -1,8 +1,10 @@
 """The arithmetic prompt set, math-verify scoring (off the main thread, with a deadline) and the
 single-step text env on real files and a real tokenizer."""
 
+import gzip
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,7 +181,8 @@ def test_parquet_and_a_chat_template(tmp_path, tiny_math):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", \n', r"bad.jsonl:2: not a JSON object"),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", \n', r"bad.jsonl:2: not JSON \(Expecting"),
+    ('{"prompt": "1+1=", "answer": "2"}\n["2+2=", "4"]\n', r"bad.jsonl:2: not a JSON object"),
     ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', r"bad.jsonl:2: no key 'prompt' \(data.prompt_key\)"),
     ('{"prompt": "1+1="}\n', r"bad.jsonl:1: no key 'answer' \(data.answer_key\)"),
     ("", r"bad.jsonl holds no records"),
@@ -192,6 +195,47 @@ def test_bad_data_is_one_message_naming_file_line_and_key(tmp_path, tiny_math, c
     with pytest.raises(DataError, match=message):
         load_prompts({"data_paths": [str(path)], "prompt_key": "prompt", "answer_key": "answer",
                       "max_prompt_length": 8}, tokenizer)
+
+
+def _parquet(path: Path, groups: int = 4) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["1+1="] * 40, "answer": ["2"] * 40}), path, row_group_size=40 // groups,
+                   compression="none")
+    return path.read_bytes()
+
+
+def _corrupt_row_group(path: Path, group: int) -> bytes:
+    import pyarrow.parquet as pq
+
+    data = bytearray(_parquet(path))
+    start = pq.ParquetFile(path).metadata.row_group(group).column(0).data_page_offset
+    data[start:start + 40] = bytes(b ^ 0xFF for b in data[start:start + 40])
+    return bytes(data)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("latin1.jsonl", '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "café", "answer": "4"}\n'.encode("latin-1"),
+     r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 16\)"),
+    ("utf16.jsonl", '{"prompt": "1+1=", "answer": "2"}\n'.encode("utf-16"), r"utf16.jsonl:1: not UTF-8 text"),
+    ("gzipped.jsonl", gzip.compress(b'{"prompt": "1+1=", "answer": "2"}\n'), r"gzipped.jsonl:1: not UTF-8 text"),
+    ("text.parquet", b'{"prompt": "1+1=", "answer": "2"}\n', r"text.parquet: not a readable parquet file \(Parquet magic"),
+    ("cut.parquet", lambda path: _parquet(path)[:300], r"cut.parquet: not a readable parquet file"),
+    ("group.parquet", lambda path: _corrupt_row_group(path, 2), r"group.parquet: row group 3 of 4 cannot be read"),
+])
+def test_a_malformed_data_file_is_one_message_naming_file_and_line_or_row_group(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content(path) if callable(content) else content)
+    with pytest.raises(DataError, match=message) as err:
+        read_records(path, "prompt", "answer")
+    assert "\n" not in str(err.value)
+
+
+def test_a_byte_order_mark_is_read_as_utf8(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes('{"prompt": "1+1=", "answer": "2"}\n'.encode("utf-8-sig"))
+    assert read_records(path, "prompt", "answer") == [("1+1=", "2")]
 
 
 @pytest.mark.parametrize("key, value", [("each_reset_state_once", True), ("num_processes", 2),

@@ -1,21 +1,25 @@
 """VideoRecorder on a small in-process vector env whose frames are known exactly (the real
-ManiSkill recording is in test_maniskill.py): tiling, one frame per reset and chunk, a new file
-per reset, the info overlay, and playable files when a run dies with an exception."""
+ManiSkill recording is in test_maniskill.py): tiling, one frame per reset and per step (per chunk
+from an env without step frames), a new file per reset, the thin info strip, files that appear
+only when whole and never overwrite, and playable files when a run dies with an exception."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import imageio
 import numpy as np
 import pytest
 
-from envs.protocol import RENDER_IMAGES
+from envs.protocol import RENDER_IMAGES, STEP_FRAMES
 from envs.vector_env import EnvSetupError
-from envs.video import VideoRecorder, tile_frames
+from envs.video import VideoRecorder, strip_height, tile_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,18 +93,112 @@ def test_one_frame_per_reset_and_chunk_and_one_file_per_reset(tmp_path):
     assert env.env.closed
 
 
-def test_info_overlay_draws_on_each_tile(tmp_path):
-    plain = VideoRecorder(GradientEnv(2, (48, 64)), tmp_path / "plain", info_on_video=False)
-    info = VideoRecorder(GradientEnv(2, (48, 64)), tmp_path / "info", info_on_video=True)
+def test_info_strip_is_thin_and_drawn_on_each_tile(tmp_path):
+    plain = VideoRecorder(GradientEnv(2, (224, 224)), tmp_path / "plain", info_on_video=False)
+    info = VideoRecorder(GradientEnv(2, (224, 224)), tmp_path / "info", info_on_video=True)
     for env in (plain, info):
         env.reset()
         env.chunk_step(np.zeros((2, 3, 1)))
         env.close()
     a, b = read(plain.paths[0]).astype(int), read(info.paths[0]).astype(int)
-    for x in (0, 64):  # yellow text in the top left corner of both tiles, on the dark images
-        assert (b[:, :36, x:x + 48, 0] > 150).mean() > 0.05
+    strip = strip_height(224)
+    assert strip / 224 < 0.06
+    for x in (0, 224):  # yellow text in the strip at the top of both tiles
+        assert (b[:, :strip, x:x + 100, 0] > 150).mean() > 0.05
     assert not (a[..., 0] > 150).any()
-    assert np.abs(a[:, 40:, 50:64] - b[:, 40:, 50:64]).mean() < 3  # elsewhere unchanged
+    assert np.abs(a[:, strip + 4:] - b[:, strip + 4:]).mean() < 0.5  # the rest of the image unchanged
+
+
+class SteppedEnv(GradientEnv):
+    """Gives every step's image (``STEP_FRAMES``): env i's gray is 40 * i + 5 * step; env 1's
+    episode ends at step 2 (without auto-reset it idles)."""
+
+    def __init__(self, num_envs):
+        super().__init__(num_envs)
+        self.steps = 0
+        self.reset_state_names = [f"state{i}" for i in range(num_envs)]
+        self.extra_episodes = np.zeros(num_envs, bool)
+
+    def _image(self):
+        gray = (40 * np.arange(self.num_envs) + 5 * self.steps) % 256
+        return np.broadcast_to(gray[:, None, None, None], (self.num_envs, *self.size, 3)).astype(np.uint8)
+
+    def reset(self, reset_state_ids=None):
+        self.steps = 0
+        return {"main_images": self._image(), "task_descriptions": ["reach"] * self.num_envs}
+
+    def chunk_step(self, actions):
+        b, c = actions.shape[:2]
+        frames = []
+        for _ in range(c):
+            self.steps += 1
+            frames.append(self._image())
+        lengths = np.full(b, self.steps)
+        lengths[1] = min(self.steps, 2)
+        done = np.zeros(b, bool)
+        done[1] = self.steps - c < 2 <= self.steps
+        obs = {"main_images": frames[-1], "task_descriptions": ["reach"] * b,
+               STEP_FRAMES: {"main_images": np.stack(frames, 1)}}
+        infos = {"success": np.zeros(b, bool), "episode_length": lengths, "done": done}
+        none = np.zeros((b, c), bool)
+        return obs, np.ones((b, c), np.float32), none, none.copy(), infos
+
+
+def test_one_frame_per_env_step_with_step_frames(tmp_path):
+    with VideoRecorder(SteppedEnv(2), tmp_path, info_on_video=False, name="eval") as env:
+        env.reset()
+        for _ in range(2):
+            obs, *_ = env.chunk_step(np.zeros((2, 3, 1)))
+            assert STEP_FRAMES not in obs  # only the recorder reads them
+    frames = read(env.paths[0])
+    assert frames.shape == (7, 32, 96, 3)  # the reset and 2 chunks x 3 steps
+    np.testing.assert_allclose(frames[:, 16, 24, 0], 5 * np.arange(7), atol=3)
+
+
+def test_a_per_episode_file_ends_at_the_episodes_last_step(tmp_path):
+    with VideoRecorder(SteppedEnv(2), tmp_path, info_on_video=False, name="eval", per_episode=True) as env:
+        env.reset()
+        env.chunk_step(np.zeros((2, 3, 1)))
+    first, second = (read(p) for p in env.paths)
+    assert first.shape[0] == 4 and second.shape[0] == 3  # env 1 ended after its second step
+    np.testing.assert_allclose(second[:, 16, 24, 0], 40 + 5 * np.arange(3), atol=3)
+
+
+def test_files_appear_whole_and_never_overwrite(tmp_path):
+    env = VideoRecorder(GradientEnv(1), tmp_path, name="eval")
+    env.reset()
+    env.chunk_step(np.zeros((1, 2, 1)))
+    assert not list(tmp_path.glob("*.mp4"))  # no .mp4 until whole
+    env.close()
+    again = VideoRecorder(GradientEnv(1), tmp_path, name="eval")  # a rerun into the same folder
+    again.reset()
+    again.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval_0000.mp4", "eval_0001.mp4"]
+    assert read(tmp_path / "eval_0000.mp4").shape[0] == 2
+
+
+def test_a_killed_run_leaves_no_mp4_and_the_next_removes_its_partial_file(tmp_path):
+    script = GRADIENT_ENV + textwrap.dedent(f'''
+        import sys
+        from envs.video import VideoRecorder
+        env = VideoRecorder(GradientEnv(1), {str(tmp_path)!r}, name="eval")
+        env.reset()
+        for _ in range(60):  # enough frames for ffmpeg to have written part of the file
+            env.chunk_step(np.zeros((1, 1, 1)))
+        print("recording", flush=True)
+        sys.stdin.read()
+    ''')
+    run = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env={"PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"]})
+    assert run.stdout.readline() == "recording\n"
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(timeout=30)
+    time.sleep(0.5)  # ffmpeg ends on its closed input
+    assert [p.name for p in tmp_path.iterdir()] == [".eval_0000.mp4.partial"]
+    env = VideoRecorder(GradientEnv(1), tmp_path, name="eval")
+    env.reset()
+    env.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["eval_0000.mp4"]
 
 
 def test_exception_inside_a_step_leaves_a_playable_file(tmp_path):

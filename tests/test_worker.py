@@ -301,3 +301,15 @@ def test_driver_joins_a_running_cluster_by_address(cluster, tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         assert f"JOINED {address} 1 {cluster.devices_per_node} cpu" in out.stdout
     assert Cluster(num_nodes=1).node_ids == cluster.node_ids  # still up for the other tests
+
+
+def test_a_local_cluster_starts_without_rays_token_auth_warning():
+    """Ray warns on every start of a local cluster that it enabled token authentication (which
+    stays on); that line is dropped."""
+    script = ("import os\nfrom embodied.cluster import Cluster\nCluster(num_nodes=1).shutdown()\n"
+              "print(os.environ['RAY_AUTH_MODE'])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Token authentication" not in out.stderr and out.stdout.split() == ["token"]

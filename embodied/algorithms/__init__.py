@@ -1,5 +1,5 @@
 """RL math as small pure torch functions: advantage estimators (``ADVANTAGES``: GAE, GRPO), policy
-losses (``POLICY_LOSSES``: PPO) and the value loss, KL estimators, and how chunked env signals
+losses (``POLICY_LOSSES``: PPO, and SFT's imitation loss) and the value loss, KL estimators, and how chunked env signals
 line up with log-probs (``levels``). Nothing here imports a policy or the config schema."""
 
 from embodied.algorithms.advantages import (
@@ -13,6 +13,7 @@ from embodied.algorithms.advantages import (
     nonuniform_group_mask,
     normalize_advantages,
 )
+from embodied.algorithms.imitation import imitation_loss
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.levels import (
     check_levels,
@@ -47,6 +48,7 @@ __all__ = [
     "final_values_to_steps",
     "first_episode_mask",
     "grpo_advantages",
+    "imitation_loss",
     "kl_penalty",
     "loss_hyperparameters",
     "nonuniform_group_mask",

@@ -34,7 +34,8 @@ CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorith
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = Registry("policy loss", "algorithm.loss_type",
-                         proximal=False)  # needs the proximal policy's log-probs (and values) at update start
+                         proximal=False,  # needs the proximal policy's log-probs (and values) at update start
+                         imitation=False)  # trains on demonstrations, not rollouts (embodied/algorithms/imitation.py)
 
 # bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
 MAX_LOG_RATIO = 20.0

@@ -1,6 +1,7 @@
 """Actor: the policy, distributed by its training backend (``embodied/backends.py``: FSDP2, or
 Megatron-Core tensor parallelism; gloo on CPU, NCCL on GPU), trained with PPO or GRPO on the
-trajectories the rollout workers send through the replay channel.
+trajectories the rollout workers send through the replay channel, or with SFT (an imitation
+loss, ``update`` -> ``imitate``) on minibatches each rank draws from the demonstrations it holds.
 
 With ``rollout.recompute_logprobs`` the old log-probs of the ratio are recomputed here, by the
 weights that generated the rollout (the actor's, synced before it), instead of taken from the
@@ -13,6 +14,7 @@ import copy
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ from omegaconf import DictConfig
 from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs
 from embodied.algorithms.trajectory import normalize, training_samples
 from embodied.backends import BACKENDS
-from embodied.batch import Samples, Trajectory
+from embodied import demonstrations
+from embodied.batch import DemoSamples, Samples, Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import replay_key
 from embodied.config import training_steps
@@ -49,6 +52,9 @@ class ActorWorker(Worker):
         self.backend = BACKENDS.get(cfg.actor.training_backend)(cfg, self.accelerator)
         torch.manual_seed(cfg.actor.seed)  # identical initial weights on every rank
         policy = self.backend.build(self.torch_device)
+        self.imitation = POLICY_LOSSES.declared(self.algo.loss_type)["imitation"]
+        # the demonstrations as the policy stores them, prepared before sharding (a plain module)
+        self.demos = demonstrations.load(cfg, policy).map(lambda x: x.to(self.torch_device)) if self.imitation else None
         self.reference = None  # a frozen copy, when the policy has no reference of its own
         if self.algo.kl_beta > 0 and policy.frozen_reference() is None:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
@@ -103,19 +109,14 @@ class ActorWorker(Worker):
             group["lr"] = lr * ratio
         self.policy.train()
         for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
-            metrics = self._minibatch(batch, index, micro)
+            metrics = self._minibatch(batch, index, micro, self._loss)
             for key, value in metrics.items():
                 sums[key] += value
             updates += 1
             if self._kl_exceeded(metrics["actor/approx_kl"]):
                 break
         skipped = sums.pop("actor/skipped_updates", 0.0)
-        limit = self.cfg.actor.optim.max_skipped_updates
-        if self.skipped_in_a_row >= limit:
-            raise FloatingPointError(
-                f"{self.skipped_in_a_row} optimizer steps in a row skipped for a non-finite loss or "
-                f"gradient (actor.optim.max_skipped_updates={limit}), the last at training step "
-                f"{step}; the weights are those of the last good update, as in the last checkpoint")
+        self._check_skipped(step)
         metrics = {k: v / max(updates, 1) for k, v in sums.items()}
         metrics["actor/skipped_updates"] = skipped
         metrics["actor/lr"] = lr
@@ -125,14 +126,45 @@ class ActorWorker(Worker):
         metrics["time/actor_busy"] = time.monotonic() - tic - waited
         return _mean_over_ranks(metrics)
 
-    def _minibatch(self, batch: Samples, index: torch.Tensor, micro: int) -> dict[str, float]:
+    def imitate(self, step: int) -> dict[str, float]:
+        """SFT's training step: one optimizer step on this rank's share of the global batch,
+        drawn from its demonstrations (``demonstrations.draw``: seeded by the step), in
+        micro-batches; returns metrics averaged over ranks."""
+        tic = time.monotonic()
+        ranks = self.backend.data_parallel_size
+        per_rank = self.cfg.actor.global_batch_size // ranks
+        seed = self.cfg.actor.seed + step * 1000 + self.backend.data_parallel_rank
+        torch.manual_seed(seed)  # any other draw (dropout) is keyed on the step too, as on resume
+        index = demonstrations.draw(self.demos.actions.shape[0], step, per_rank, self.backend.data_parallel_rank,
+                                    ranks, self.cfg.actor.seed)
+        lr = learning_rate(step, self.cfg.actor.lr_sched, training_steps(self.cfg.runner))
+        for group, ratio in zip(self.optimizer.param_groups, self.lr_ratios):
+            group["lr"] = lr * ratio
+        self.policy.train()
+        metrics = self._minibatch(self.demos, index, self.cfg.actor.micro_batch_size, self._imitation_loss)
+        metrics.setdefault("actor/skipped_updates", 0.0)
+        self._check_skipped(step)
+        metrics["actor/lr"] = lr
+        metrics["time/actor_busy"] = time.monotonic() - tic
+        return _mean_over_ranks(metrics)
+
+    def _check_skipped(self, step: int) -> None:
+        limit = self.cfg.actor.optim.max_skipped_updates
+        if self.skipped_in_a_row >= limit:
+            raise FloatingPointError(
+                f"{self.skipped_in_a_row} optimizer steps in a row skipped for a non-finite loss or "
+                f"gradient (actor.optim.max_skipped_updates={limit}), the last at training step "
+                f"{step}; the weights are those of the last good update, as in the last checkpoint")
+
+    def _minibatch(self, batch: Samples | DemoSamples, index: torch.Tensor, micro: int,
+                   loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> dict[str, float]:
         """One optimizer step, accumulating gradients over micro-batches (synced on the last)."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = list(index.split(micro))
         sums: dict[str, float] = defaultdict(float)
         for i, part in enumerate(parts):
             self.backend.micro_batch(self.policy, last=i == len(parts) - 1)
-            loss, metrics = self._loss(batch.map(lambda x: x[part]))
+            loss, metrics = loss_of(batch.map(lambda x: x[part]))
             loss = loss / len(parts)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             for key, value in metrics.items():
@@ -210,6 +242,11 @@ class ActorWorker(Worker):
             returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss,
             proximal_logprobs=mb.proximal_logprobs, **self.loss_args,
         )
+
+    def _imitation_loss(self, mb: DemoSamples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        with self.autocast():
+            out = self.policy(mb.forward_inputs, mb.actions, imitation=True)
+        return self.policy_loss(*(None if x is None else x.float() for x in (out.logprobs, out.predicted, out.target)))
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:
         """Unsharded weights on rank 0 for the rollout workers (None on other ranks): what

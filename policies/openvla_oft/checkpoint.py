@@ -48,6 +48,8 @@ ACTION_HEAD_FILE = "action_head--checkpoint.pt"
 ACTION_HEAD_PREFIX = "action_head."
 VALUE_PREFIX = "value_head."
 RL_HEADS_FILE = "rl_heads.safetensors"
+LOG_STD = "action_log_std"  # the L1 policy's Gaussian log-std, in rl_heads.safetensors
+FULL_MODEL_DIR = "model"  # a full fine-tuning run's checkpoint folder inside its actor folder
 ADAPTER_DIR = "lora_adapter"
 DEFAULT_SHARD_BYTES = 5 * 1024**3
 # read by the tokenizer loader, or carried by HF folders for tools that run the checkpoint's own

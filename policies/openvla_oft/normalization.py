@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from policies.openvla_oft.config import ConfigError
@@ -65,6 +66,28 @@ def unnormalize_actions(normalized: torch.Tensor, action_stats: Mapping[str, Any
     return out.to(torch.float32)
 
 
+def normalize_actions(actions: torch.Tensor, action_stats: Mapping[str, Any]) -> torch.Tensor:
+    """Environment units -> [-1, 1] (clipped) where ``mask`` is true: the inverse of
+    ``unnormalize_actions``, which turns demonstrated actions into training targets."""
+    low, high, mask = _bounds(action_stats, "action")
+    x = actions.to(torch.float64)
+    out = torch.where(mask, (2 * (x - low) / (high - low + RANGE_EPS) - 1).clamp(-1.0, 1.0), x)
+    return out.to(torch.float32)
+
+
+def dataset_statistics(values: np.ndarray, mask: list[bool] | None = None) -> dict[str, Any]:
+    """OpenVLA's statistics of one quantity of a dataset (``values [N, D]``): mean, std, min,
+    max and the 1st / 99th percentiles per dimension, and the ``mask`` of the dimensions that
+    are normalized."""
+    values = np.asarray(values, dtype=np.float64)
+    stats = {name: fn(values, axis=0).tolist() for name, fn in
+             (("mean", np.mean), ("std", np.std), ("max", np.max), ("min", np.min))}
+    stats["q01"], stats["q99"] = (np.quantile(values, q, axis=0).tolist() for q in (0.01, 0.99))
+    if mask is not None:
+        stats["mask"] = list(mask)
+    return stats
+
+
 def normalize_proprio(proprio: torch.Tensor, proprio_stats: Mapping[str, Any]) -> torch.Tensor:
     """Robot state -> [-1, 1] (clipped) where ``mask`` is true, as the proprio projector was trained."""
     low, high, mask = _bounds(proprio_stats, "proprio")
@@ -75,6 +98,16 @@ def normalize_proprio(proprio: torch.Tensor, proprio_stats: Mapping[str, Any]) -
     x = proprio.to(torch.float64)
     out = torch.where(mask, 2 * (x - low) / (high - low + RANGE_EPS) - 1, x).clamp(-1.0, 1.0)
     return out.to(torch.float32)
+
+
+def dataset_gripper(actions: torch.Tensor, normalize: bool, invert: bool) -> torch.Tensor:
+    """The inverse of ``postprocess_gripper``: an env's gripper action in the dataset's convention."""
+    out = actions.clone()
+    if invert:
+        out[..., -1] = -out[..., -1]
+    if normalize:
+        out[..., -1] = (out[..., -1] + 1) / 2
+    return out
 
 
 def postprocess_gripper(actions: torch.Tensor, normalize: bool, invert: bool) -> torch.Tensor:

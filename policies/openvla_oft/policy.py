@@ -26,41 +26,41 @@ checkpoint folder with LoRA merged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from peft import PeftModel
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributions import Normal
 
 from core.description import EnvDescription
-from core.errors import expected
-from policies.base import ActOutput, EvaluateOutput, Policy
+from policies.base import ActOutput, EvaluateOutput, ImitationOutput, Policy
 from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS, adapters_disabled, apply_lora, save_adapter
-from policies.openvla_oft import checkpoint
+from policies.openvla_oft import checkpoint, checks
+from policies.openvla_oft.checkpoint import FULL_MODEL_DIR, LOG_STD
+from policies.openvla_oft.checks import action_statistics
 from policies.openvla_oft.config import ConfigError, PolicyOptions
 from policies.openvla_oft.decoding import ActionSampler
-from policies.openvla_oft.action_head import L1RegressionHead
 from policies.openvla_oft.model import ActionOutput, OpenVLAOFT, PromptInputs
-from policies.openvla_oft.projector import ProprioProjector
 from policies.openvla_oft.normalization import (
+    dataset_gripper,
+    dataset_statistics,
+    normalize_actions,
     normalize_proprio,
     postprocess_gripper,
-    resolve_unnorm_key,
     unnormalize_actions,
 )
 from policies.openvla_oft.preprocess import as_uint8_images, build_prompts, normalize_images, prepare_images
+from policies.openvla_oft.value_head import ValueHead
 from policies.weights import DTYPES, CheckpointError, check_keys, full_tensor, is_writer
 
 INPUT_KEYS = ("input_ids", "attention_mask", "images", "proprio")
-LOG_STD = "action_log_std"
-FULL_MODEL_DIR = "model"
-VALUE_LAST_STD = 0.02  # RL frameworks' value head: a small last layer, so initial values are ~0
 
 
 def lora_targets(model: OpenVLAOFT) -> str:
@@ -80,31 +80,6 @@ def lora_targets(model: OpenVLAOFT) -> str:
     return "(" + "|".join([llm, r"projector\.fc\d", *vits, *head]) + ")"
 
 
-class ValueHead(nn.Module):
-    """MLP critic on one hidden state; one value per chunk or per action of the chunk.
-
-    Initialized as RL frameworks do for OFT: Kaiming-normal hidden layers, a last layer drawn
-    with std 0.02 and no bias, so the first values are near zero."""
-
-    def __init__(self, hidden_size: int, hidden_sizes: tuple[int, ...], out_dim: int):
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = hidden_size
-        for h in hidden_sizes:
-            layers += [nn.Linear(width, h), nn.GELU()]
-            width = h
-        layers.append(nn.Linear(width, out_dim, bias=False))
-        self.mlp = nn.Sequential(*layers)
-        for layer in self.mlp[:-1]:
-            if isinstance(layer, nn.Linear):
-                nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(layer.bias)
-        nn.init.normal_(self.mlp[-1].weight, std=VALUE_LAST_STD)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.mlp(hidden)
-
-
 class OpenVLAOFTPolicy(Policy):
     """Built from ``actor.model``: the checkpoint folder at ``model_path`` (weights, statistics,
     heads, projector; see ``checkpoint.inspect_folder``), LoRA adapters (fresh or from
@@ -112,6 +87,10 @@ class OpenVLAOFTPolicy(Policy):
     from the folder's RL tensors). Parameters are created on ``device`` in ``precision``."""
 
     config_keys = tuple(f.name for f in fields(PolicyOptions))
+    checkpoint_keys = (*Policy.checkpoint_keys, "model_path", "action_head", "action_stop_token", "use_proprio",
+                       "unnorm_key", "value_head_hidden_sizes", "center_crop", "lora_rank", "lora_alpha",
+                       "lora_target_modules", "lora_path", "num_images_in_input", "max_prompt_length")
+    checkpoint_defaults = ("max_prompt_length",)  # positions count real tokens: padding changes nothing
     reads_task_prompt = True
     refused_keys = {
         "low_cpu_mem_usage": "low_cpu_mem_usage, because openvla_oft builds its modules itself and "
@@ -178,51 +157,25 @@ class OpenVLAOFTPolicy(Policy):
 
     @classmethod
     def check_config(cls, cfg: Mapping[str, Any]) -> None:
-        """What can be checked from the folders before any worker starts (when ``model_path`` is
-        set): options, every file of ``model_path`` (used or refused), head and projector shapes,
-        the statistics for ``unnorm_key``, and a ``lora_path`` adapter against the base weights."""
-        if cfg.get("model_path") is None:
-            return
-        options = PolicyOptions.from_config(cfg)
-        contents = checkpoint.inspect_folder(
-            options.model_path, use_proprio=options.use_proprio, action_head=options.action_head,
-            add_value_head=options.add_value_head, lora_path=options.lora_path,
-        )
-        config = checkpoint.read_config(options.model_path)
-        hidden, action_dim = config.text_config.hidden_size, int(cfg["action_dim"])
-        parts = {}
-        with torch.device("meta"):
-            if contents.proprio is not None and "fc1.weight" in contents.proprio:
-                parts["proprio"] = ProprioProjector(contents.proprio["fc1.weight"].shape[1], hidden)
-            if contents.action_head is not None:
-                parts["action_head"] = L1RegressionHead(hidden, action_dim)
-        for part, module in parts.items():
-            check_keys(
-                {k: tuple(v.shape) for k, v in module.state_dict().items()},
-                {k: tuple(v.shape) for k, v in getattr(contents, part).items()},
-                f"{part.replace('_', ' ')} {contents.files[part]} (for actor.model.action_dim={action_dim}, "
-                f"hidden size {hidden})",
-            )
-        proprio_dim = parts["proprio"].fc1.in_features if "proprio" in parts else None
-        action_statistics(config.norm_stats, options, action_dim, proprio_dim)
-        if options.is_lora and options.lora_path:
-            check_adapter_against_base(Path(options.lora_path), contents, options.model_path)
+        checks.check_folders(cfg)
 
     @classmethod
     def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
-        """The gripper action the policy outputs must be the one that opens the env's gripper,
-        where the env fixes it (LIBERO: datasets store the gripper as [0 close, 1 open];
-        ``normalize_gripper`` makes that -1/+1 (+1 open) and ``invert_gripper`` flips it)."""
-        if env.gripper_open_action is None:
-            return
-        key, given = env.gripper_open_action
-        if not cfg["normalize_gripper"]:
-            raise expected("actor.model.normalize_gripper", False, f"true with env.{split} (its gripper takes "
-                           "-1/+1; the model predicts the dataset's [0, 1])")
-        opens = -1 if cfg["invert_gripper"] else 1
-        if given != opens:
-            raise expected(f"env.{split}.{key}", given, f"{opens} with actor.model.invert_gripper="
-                           f"{cfg['invert_gripper']} (the model's action that opens the gripper)")
+        super().check_env(cfg, env, split)
+        checks.check_env(cfg, env, split)
+
+    @classmethod
+    def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+        """A LoRA run's adapters start from its own ``lora_adapter/`` (rank, alpha and target
+        modules as trained), so the adapter the run started from need not exist any more."""
+        settings = super().checkpoint_settings(cfg, folder)
+        if cfg.get("is_lora") and (folder / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
+            settings["lora_path"] = str(folder / ADAPTER_DIR)
+        return settings
+
+    @classmethod
+    def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
+        checks.check_training_checkpoint(cfg, folder, key)
 
     @staticmethod
     def _check_matches_checkpoint(vla: OpenVLAOFT, tokenizer, options: PolicyOptions) -> None:
@@ -394,6 +347,79 @@ class OpenVLAOFTPolicy(Policy):
         entropy = ActionSampler.entropy(log_probs).reshape(chosen.shape).clone()
         return EvaluateOutput(logprobs, entropy, values)
 
+    # ------------------------------------------------------------------ imitation (SFT)
+    @torch.no_grad()
+    def imitation_inputs(self, obs: Mapping[str, Any], actions: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """Demonstrations as ``act`` stores them: prompts and images, and the actions in the
+        dataset's gripper convention, normalized by the statistics of ``unnorm_key`` (as OFT's
+        training normalizes them), as action tokens (discrete head) or values (L1 head)."""
+        inputs = self.observation_inputs(obs)
+        actions = torch.as_tensor(actions, dtype=torch.float32)
+        normalized = normalize_actions(dataset_gripper(actions, self.options.normalize_gripper,
+                                                       self.options.invert_gripper), self.action_stats)
+        if self.options.action_head == "l1_regression":
+            inputs["normalized_actions"] = normalized
+        else:
+            inputs["action_tokens"] = self.core.action_tokenizer.encode(normalized)
+        return inputs, actions
+
+    def imitation(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> ImitationOutput:
+        """OpenVLA-OFT's own objectives: the L1 head's normalized actions against the targets
+        (no likelihood), or the action tokens' log-probs under the LM head's softmax over the
+        action bins (cross-entropy; no temperature or top-k), with the greedy bins' values."""
+        out, _ = self.forward_model(forward_inputs)
+        if out.actions is not None:
+            return ImitationOutput(None, out.actions, forward_inputs["normalized_actions"].to(out.actions.device))
+        tokenizer = self.core.action_tokenizer
+        tokens = forward_inputs["action_tokens"].to(out.logits.device)
+        slots = tokenizer.tokens_to_slots(tokens).reshape(tokens.shape[0], -1)
+        log_probs = torch.log_softmax(out.logits.float(), dim=-1)
+        logprobs = log_probs.gather(-1, slots[..., None])[..., 0].reshape(tokens.shape)
+        greedy = tokenizer.decode(tokenizer.slots_to_tokens(out.logits.argmax(dim=-1))).reshape(tokens.shape)
+        return ImitationOutput(logprobs, greedy, tokenizer.decode(tokens))
+
+    @classmethod
+    def imitation_options(cls, cfg: Mapping[str, Any], actions: np.ndarray, states: np.ndarray | None,
+                          dataset: str, folder: Path) -> dict[str, Any]:
+        """The checkpoint an SFT run trains, in ``folder``, with the demos' statistics
+        (``dataset_statistics.json`` under ``dataset``, which becomes ``unnorm_key``): with
+        ``model_path`` null a tiny OpenVLA-OFT in the public layout (``tiny.py``; ``image_size``
+        or 56 px, the L1 head's file for ``action_head: l1_regression``, a proprio projector for
+        ``use_proprio``); else ``model_path``'s files linked, its statistics plus the demos'. A
+        checkpoint that already holds ``dataset`` is trained as it is (its statistics kept), and
+        a folder prepared by an earlier start of the run is taken again."""
+        options = dict(cfg) | {"unnorm_key": dataset}
+        source = cfg.get("model_path")
+        if source is not None and dataset in checkpoint.read_config(source).norm_stats:
+            return options
+        options["model_path"] = str(folder)
+        if (folder / checkpoint.CONFIG_FILE).exists():
+            return options
+        normalize = cfg["normalize_gripper"]
+        actions = dataset_gripper(torch.as_tensor(actions, dtype=torch.float32), normalize, cfg["invert_gripper"])
+        stats: dict[str, Any] = {"action": dataset_statistics(actions.numpy(), [True] * (actions.shape[1] - 1)
+                                                               + [not normalize]),
+                                 "num_transitions": len(actions)}
+        if cfg["use_proprio"]:
+            if states is None:
+                raise ConfigError("actor.model.use_proprio is true but the demonstrations hold no states")
+            stats["proprio"] = dataset_statistics(states)
+        if source is None:
+            from policies.openvla_oft.tiny import tiny_config, write_tiny_checkpoint
+
+            size = cfg.get("image_size") or (56, 56)
+            write_tiny_checkpoint(folder, config=tiny_config(image_size=int(size[0]), stats={dataset: stats}),
+                                  proprio_dim=states.shape[1] if cfg["use_proprio"] else None,
+                                  l1_head=cfg["action_head"] == "l1_regression")
+            return options
+        folder.mkdir(parents=True)
+        for entry in Path(source).iterdir():
+            if entry.name != checkpoint.STATS_FILE:
+                (folder / entry.name).symlink_to(entry.resolve())
+        norm_stats = checkpoint.read_config(source).norm_stats | {dataset: stats}
+        (folder / checkpoint.STATS_FILE).write_text(json.dumps(norm_stats, indent=2))
+        return options
+
     # ------------------------------------------------------------------ checkpoints
     def rl_state_dict(self) -> dict[str, Tensor]:
         """The tensors RL adds to an OFT checkpoint: value head and log-std (gathers under FSDP2)."""
@@ -467,60 +493,3 @@ def adapter_file_key(param_name: str) -> str:
     """A LoRA parameter's name in peft's ``adapter_model.safetensors``: no ``vla.`` prefix (the
     adapter belongs to the model, not the policy) and no adapter name."""
     return param_name.removeprefix("vla.").replace(".default.", ".")
-
-
-def action_statistics(
-    norm_stats: Mapping[str, Any], options: PolicyOptions, action_dim: int, proprio_dim: int | None
-) -> tuple[str, dict, dict | None]:
-    """``(unnorm_key, action statistics, proprio statistics)``, checked against the model."""
-    source = f"{options.model_path}/{checkpoint.STATS_FILE} (or config.json norm_stats)"
-    unnorm_key = resolve_unnorm_key(norm_stats, options.unnorm_key, source)
-    stats = norm_stats[unnorm_key]
-    if "action" not in stats:
-        raise ConfigError(f"{source}: norm_stats[{unnorm_key!r}] has no 'action' statistics")
-    action_stats = stats["action"]
-    if len(action_stats.get("q01", ())) != action_dim:
-        raise ConfigError(
-            f"actor.model.action_dim={action_dim} but {source} norm_stats[{unnorm_key!r}].action has "
-            f"{len(action_stats.get('q01', ()))} dimensions"
-        )
-    proprio_stats = None
-    if options.use_proprio:
-        if "proprio" not in stats:
-            raise ConfigError(f"actor.model.use_proprio is true but {source} norm_stats[{unnorm_key!r}] has no 'proprio'")
-        proprio_stats = stats["proprio"]
-        if proprio_dim is not None and len(proprio_stats.get("q01", ())) != proprio_dim:
-            raise ConfigError(
-                f"{source} norm_stats[{unnorm_key!r}].proprio has {len(proprio_stats.get('q01', ()))} dimensions "
-                f"but the proprio projector in {options.model_path} takes {proprio_dim}"
-            )
-    return unnorm_key, action_stats, proprio_stats
-
-
-def check_adapter_against_base(adapter: Path, contents: checkpoint.FolderContents, base_path: str) -> None:
-    """Every LoRA tensor of a peft adapter folder must sit on a base weight of matching width:
-    ``lora_A`` is ``[r, in]``, ``lora_B`` is ``[out, r]`` for a base weight ``[out, in]``."""
-    weights = adapter / ADAPTER_WEIGHTS
-    if not (adapter / ADAPTER_CONFIG).exists() or not weights.exists():
-        raise CheckpointError(f"actor.model.lora_path={str(adapter)!r} needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
-    base = dict(contents.shapes)
-    for part, prefix in (("proprio", "proprio_projector."), ("action_head", "action_head.")):
-        base |= {prefix + k: tuple(v.shape) for k, v in (getattr(contents, part) or {}).items()}
-    with safe_open(weights, "pt") as f:
-        for key in f.keys():
-            shape = tuple(f.get_slice(key).get_shape())
-            module, _, kind = key.removeprefix("base_model.model.").rpartition(".lora_")
-            target = base.get(f"{module}.weight")
-            if target is None:
-                raise CheckpointError(
-                    f"{weights}: {key} adapts {module}, which the base checkpoint {base_path} has no weight "
-                    "for: the adapter belongs to another model"
-                )
-            if len(target) != 2 or len(shape) != 2:
-                continue
-            ok = shape[1] == target[1] if kind.startswith("A.") else shape[0] == target[0]
-            if not ok:
-                raise CheckpointError(
-                    f"{weights}: {key} has shape {shape} but the base weight {module}.weight is {target}: "
-                    "the adapter was trained on another base model"
-                )

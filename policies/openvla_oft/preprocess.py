@@ -75,20 +75,24 @@ def normalize_images(images: torch.Tensor, specs: Sequence[ViTSpec]) -> torch.Te
     return stacked.reshape(b, -1, *stacked.shape[-2:])
 
 
-def build_prompts(tokenizer, tasks: Sequence[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Task descriptions -> ``input_ids`` and ``attention_mask`` ``[B, 1 + max_prompt_length]``."""
+def prompt_ids(tokenizer, task: str) -> list[int]:
+    """The prompt tokens of one task description, after BOS: OpenVLA's prompt, ending in the space token."""
     space_id = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
     if space_id is None or space_id == tokenizer.unk_token_id:
         raise ConfigError(
             f"the checkpoint's tokenizer has no {SPACE_TOKEN!r} token (a Llama-style tokenizer is expected)"
         )
+    ids = tokenizer(PROMPT.format(task=task.lower()), add_special_tokens=False)["input_ids"]
+    return ids if ids and ids[-1] == space_id else ids + [space_id]
+
+
+def build_prompts(tokenizer, tasks: Sequence[str], max_prompt_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Task descriptions -> ``input_ids`` and ``attention_mask`` ``[B, 1 + max_prompt_length]``."""
     if tokenizer.bos_token_id is None or tokenizer.pad_token_id is None:
         raise ConfigError("the checkpoint's tokenizer needs a BOS and a pad token")
     rows = []
     for task in tasks:
-        ids = tokenizer(PROMPT.format(task=task.lower()), add_special_tokens=False)["input_ids"]
-        if not ids or ids[-1] != space_id:
-            ids = ids + [space_id]
+        ids = prompt_ids(tokenizer, task)
         if len(ids) > max_prompt_length:
             raise ConfigError(
                 f"task description {task!r} takes {len(ids)} prompt tokens; "
