@@ -107,7 +107,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield number, json.loads(line)
+                yield number, json.loads(line.rstrip("\r\n"))  # columns count within this line
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
 

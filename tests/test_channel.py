@@ -237,6 +237,9 @@ CHILD = textwrap.dedent("""
         ch.put("obs_buffer/0", {"img": np.ones((64, 64, 3), np.uint8)})
 
     if __name__ == "__main__":
+        # Ctrl-C raises KeyboardInterrupt even when this test runs in a background job (which
+        # starts its children with SIGINT ignored)
+        import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
         ch = Channel.create("env_buffer_list", maxsize=0)
         p = mp.get_context("spawn").Process(target=produce, args=(ch,))
         p.start(); p.join()

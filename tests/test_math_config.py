@@ -58,7 +58,7 @@ def test_engine_options_are_read_by_the_engine_that_has_them(tiny_math, capsys, 
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "train.jsonl:2: not a JSON object"),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "train.jsonl:2: not JSON (Expecting value at column 12)"),
     ('{"prompt": "1+1=", "solution": "2"}\n', "train.jsonl:1: no key 'answer' (data.answer_key)"),
     ("\n", "train.jsonl holds no records"),
     ('{"prompt": "123456789+1=", "answer": "1"}\n', "longer than data.max_prompt_length=8"),
