@@ -112,26 +112,27 @@ def _parse(argv: Sequence[str] | None, prog: str, export: bool = False) -> argpa
     return parser.parse_intermixed_args(argv)
 
 
-def _config(args: argparse.Namespace, from_checkpoint: bool) -> tuple[str, str | None]:
+def _config(args: argparse.Namespace, from_checkpoint: bool) -> tuple[str, str | None, list[str]]:
     """The config named on the command line; without one, that of the checkpoint evaluated or
-    exported (``from_checkpoint``) when it carries one, else DEFAULT_CONFIG."""
+    exported (``from_checkpoint``) when it carries one, else DEFAULT_CONFIG. Third: overrides that
+    go first (a stored config's run folders derive again from this command's run name)."""
     if args.config_name is not None:
-        return args.config_name, args.config_path
+        return args.config_name, args.config_path, []
     stored = preflight.stored_config(args.overrides) if from_checkpoint else None
-    return stored or (DEFAULT_CONFIG, args.config_path)
+    return (*stored, preflight.run_path_defaults(stored[1])) if stored else (DEFAULT_CONFIG, args.config_path, [])
 
 
 def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = (), evaluation: bool = False) -> int:
     args = _parse(argv, prog)
     try:
-        name, folder = _config(args, from_checkpoint=evaluation)
+        name, folder, first = _config(args, from_checkpoint=evaluation)
         if args.print_config:
-            text, untranslated = config_yaml(name, [*extra, *args.overrides], folder)
+            text, untranslated = config_yaml(name, [*first, *extra, *args.overrides], folder)
             print(text, end="", flush=True)
             if untranslated:
                 print(f"{prog}: config error: {untranslated}", file=sys.stderr)
             return 2 if untranslated else 0
-        cfg, notes = prepare(name, [*extra, *args.overrides], folder)
+        cfg, notes = prepare(name, [*first, *extra, *args.overrides], folder)
         plan = validate(cfg)
     except ConfigError as err:
         print(f"{prog}: config error: {err}", file=sys.stderr)
@@ -155,8 +156,8 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = (), eval
 def _export(argv: Sequence[str] | None, prog: str) -> int:
     args = _parse(argv, prog, export=True)
     try:
-        name, folder = _config(args, from_checkpoint=True)
-        cfg, notes = prepare(name, ["runner.only_eval=true", *args.overrides], folder)
+        name, folder, first = _config(args, from_checkpoint=True)
+        cfg, notes = prepare(name, [*first, "runner.only_eval=true", *args.overrides], folder)
         validate(cfg)
     except ConfigError as err:
         print(f"{prog}: config error: {err}", file=sys.stderr)

@@ -40,6 +40,29 @@ def stored_config(overrides: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
+def run_path_defaults(folder: str) -> list[str]:
+    """Overrides giving back their defaults to the keys whose defaults derive from the run's name
+    and folder (``${runner.output_dir}/${runner.experiment_name}``, ...), for the config stored in
+    ``folder``: it holds them resolved to the training run's folders, which an evaluation named
+    otherwise must not write to (and which the refusal of non-default values would take as set)."""
+    from embodied.schema import CONFIG_DIR
+
+    stored = OmegaConf.load(Path(folder) / checkpoint.CONFIG_FILE)
+    refs = ("${runner.output_dir}", "${runner.experiment_name}", "${runner.logger.log_path}")
+    derived = []
+    for prefix, file in (("", "base.yaml"), ("env.train.", "env/base.yaml"), ("env.eval.", "env/base.yaml")):
+        stack = [(prefix, OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / file), resolve=False))]
+        while stack:
+            path, node = stack.pop()
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    stack.append((f"{path}{key}.", value))
+                elif (isinstance(value, str) and any(ref in value for ref in refs)
+                      and OmegaConf.select(stored, f"{path}{key}") is not None):
+                    derived.append(f"{path}{key}={value}")
+    return derived
+
+
 def given_model_keys(cfg: DictConfig, without: DictConfig | None, overrides: Sequence[str]) -> set[str]:
     """The ``actor.model`` keys the command line sets: those its overrides name, and those whose
     value they change through an interpolation (``runner.max_prompt_length``); ``without`` is the
