@@ -94,9 +94,20 @@ def ppo_policy_loss(
     bounds the loss of negative advantages by ``-A * c``: without it a sample whose ratio has
     grown far past 1 while its advantage is negative gives an unbounded loss and gradient.
     """
+    loss, clip_metrics = _clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip_ratio_low,
+                                            clip_ratio_high, clip_ratio_c)
+    policy_loss = aggregate_loss(loss, mask, loss_agg_func)
+    return policy_loss, {"actor/policy_loss": policy_loss.detach(), **clip_metrics}
+
+
+def _clipped_surrogate(logprobs: Tensor, reference_logprobs: Tensor, advantages: Tensor, mask: Tensor | None,
+                       clip_ratio_low: float, clip_ratio_high: float,
+                       clip_ratio_c: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-sample ``max(-A r, -A clip(r, 1 - low, 1 + high))``, dual-clipped, with
+    ``r = pi / pi_ref``, and its clip metrics: the one piece PPO and decoupled PPO share."""
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"algorithm.clip_ratio_c must be > 1 (or null to disable dual clip), got {clip_ratio_c}")
-    log_ratio = (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = (logprobs - reference_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
 
     unclipped = -advantages * ratio
@@ -107,19 +118,16 @@ def ppo_policy_loss(
         bound = -advantages * clip_ratio_c
         dual_clipped = (advantages < 0) & (loss > bound)
         loss = torch.where(dual_clipped, bound, loss)
-
-    policy_loss = aggregate_loss(loss, mask, loss_agg_func)
     with torch.no_grad():
         metrics = {
-            "actor/policy_loss": policy_loss.detach(),
             # fraction of tokens whose gradient the clip removed
             "actor/clip_fraction": _masked_mean((clipped > unclipped).to(loss.dtype), mask),
             "actor/dual_clip_fraction": _masked_mean(dual_clipped.to(loss.dtype), mask),
-            # KL(pi_old || pi) by the k3 estimator on samples of pi_old
+            # KL(pi_ref || pi) by the k3 estimator on samples of pi_ref
             "actor/approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
             "actor/ratio": _masked_mean(ratio, mask),
         }
-    return policy_loss, metrics
+    return loss, metrics
 
 
 @POLICY_LOSSES.register("decoupled_actor_critic", proximal=True)
@@ -150,18 +158,8 @@ def decoupled_policy_loss(
     ``ppo_policy_loss``), aggregated over ``mask``; with ``proximal_logprobs == old_logprobs``
     (fresh samples) it is ``ppo_policy_loss`` exactly.
     """
-    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"algorithm.clip_ratio_c must be > 1 (or null to disable dual clip), got {clip_ratio_c}")
-    log_ratio = (logprobs - proximal_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = torch.maximum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(loss, dtype=torch.bool)
-    if clip_ratio_c is not None:
-        bound = -advantages * clip_ratio_c
-        dual_clipped = (advantages < 0) & (loss > bound)
-        loss = torch.where(dual_clipped, bound, loss)
+    loss, clip_metrics = _clipped_surrogate(logprobs, proximal_logprobs, advantages, mask, clip_ratio_low,
+                                            clip_ratio_high, clip_ratio_c)
     weight = torch.exp((proximal_logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     kept = torch.ones_like(weight, dtype=torch.bool) if behave_weight_threshold is None \
         else weight <= behave_weight_threshold
@@ -169,10 +167,7 @@ def decoupled_policy_loss(
     with torch.no_grad():
         metrics = {
             "actor/policy_loss": policy_loss.detach(),
-            "actor/clip_fraction": _masked_mean((clipped > unclipped).to(loss.dtype), mask),
-            "actor/dual_clip_fraction": _masked_mean(dual_clipped.to(loss.dtype), mask),
-            "actor/approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),  # KL(pi_prox || pi), k3
-            "actor/ratio": _masked_mean(ratio, mask),
+            **clip_metrics,
             "actor/behave_weight": _masked_mean(weight, mask),
             "actor/behave_filtered_fraction": _masked_mean((~kept).to(loss.dtype), mask),
         }
