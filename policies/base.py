@@ -133,8 +133,15 @@ class Policy(nn.Module, ABC):
     def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
         """The ``actor.model`` options that the training checkpoint whose ``actor`` folder is
         ``folder`` fixes, from ``cfg``, the options it was trained with: ``embodied-eval`` and
-        ``embodied-export`` take them from it (``embodied/preflight.py``)."""
-        return {key: cfg[key] for key in cls.checkpoint_keys if key in cfg}
+        ``embodied-export`` take them from it (``embodied/preflight.py``). A LoRA run's adapters
+        start from its own ``lora_adapter/`` (rank, alpha and target modules as trained), so the
+        adapter the run started from need not exist any more."""
+        from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR
+
+        settings = {key: cfg[key] for key in cls.checkpoint_keys if key in cfg}
+        if cfg.get("is_lora") and (folder / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
+            settings["lora_path"] = str(folder / ADAPTER_DIR)
+        return settings
 
     @classmethod
     def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:

@@ -59,16 +59,6 @@ class CausalLMPolicy(Policy):
             raise ConfigError(f"actor.model.model_path = {path!r}: expected a Hugging Face model folder (with config.json)")
 
     @classmethod
-    def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-        """A LoRA run's adapters start from its own ``lora_adapter/``."""
-        from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR
-
-        settings = super().checkpoint_settings(cfg, folder)
-        if cfg.get("is_lora") and (folder / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
-            settings["lora_path"] = str(folder / ADAPTER_DIR)
-        return settings
-
-    @classmethod
     def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
         """The layout ``read_checkpoint`` takes: a LoRA run's adapter (of ``lora_rank``) with
         ``is_lora``, else ``model.pt``."""

@@ -41,7 +41,7 @@ from torch.distributions import Normal
 
 from core.description import EnvDescription
 from policies.base import ActOutput, EvaluateOutput, ImitationOutput, Policy
-from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR, ADAPTER_WEIGHTS, adapters_disabled, apply_lora, save_adapter
+from policies.lora import ADAPTER_DIR, ADAPTER_WEIGHTS, adapters_disabled, apply_lora, save_adapter
 from policies.openvla_oft import checkpoint, checks
 from policies.openvla_oft.checkpoint import FULL_MODEL_DIR, LOG_STD
 from policies.openvla_oft.checks import action_statistics
@@ -163,15 +163,6 @@ class OpenVLAOFTPolicy(Policy):
     def check_env(cls, cfg: Mapping[str, Any], env: EnvDescription, split: str) -> None:
         super().check_env(cfg, env, split)
         checks.check_env(cfg, env, split)
-
-    @classmethod
-    def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-        """A LoRA run's adapters start from its own ``lora_adapter/`` (rank, alpha and target
-        modules as trained), so the adapter the run started from need not exist any more."""
-        settings = super().checkpoint_settings(cfg, folder)
-        if cfg.get("is_lora") and (folder / ADAPTER_DIR / ADAPTER_CONFIG).is_file():
-            settings["lora_path"] = str(folder / ADAPTER_DIR)
-        return settings
 
     @classmethod
     def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
