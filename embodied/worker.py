@@ -30,13 +30,15 @@ import weakref
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 from embodied.cluster import Cluster
 from embodied.placement import Device, PlacementPlan
 
 START_TIMEOUT_S = 300.0  # how long Ray may take to start a group's processes
 EXIT_TIMEOUT_S = 10.0  # how long a shut-down group's processes may take to exit
+# how long a rank that lost contact with another worker waits for that worker's death to show
+LOST_PEER_GRACE_S = 10.0
 
 
 class WorkerError(RuntimeError):
@@ -125,6 +127,15 @@ def _watched() -> dict[ray.ObjectRef, tuple[Any, int]]:
     return refs
 
 
+def _settle_first_death(timeout: float) -> None:
+    """Raise the error of the first group whose process is found gone within ``timeout`` s."""
+    watches = {ref: (group, rank) for group in list(_LIVE_GROUPS) for ref, rank in group._watches.items()}
+    ready, _ = ray.wait(list(watches), num_returns=1, timeout=timeout) if watches else ([], [])
+    if ready:
+        group, rank = watches[ready[0]]
+        group._settle(ready[0], rank)
+
+
 class GroupCall:
     """Handle of one method call on every rank of a group."""
 
@@ -166,14 +177,21 @@ class GroupCall:
         try:
             self._results[rank] = ray.get(ref)
             del self._pending[ref]
+        except RayTaskError as err:  # before RayActorError: Ray makes it a subclass of its cause
+            cause = err.cause if getattr(err, "cause", None) is not None else err
+            if isinstance(cause, RayActorError):
+                # the rank lost another worker it was calling, typically one on a node that went
+                # down: that worker's death, not this rank's error, is what the user must see
+                _settle_first_death(LOST_PEER_GRACE_S)
+            what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
+            self._fail(self.group._error_of(rank, what), err)
+        except ActorUnavailableError as err:  # the rank may be alive; Ray lost contact with it
+            _settle_first_death(LOST_PEER_GRACE_S)
+            self._fail(self.group._error_of(rank, f"could not be reached during {self.method}(): {err}"), err)
         except RayActorError as err:
             error = self.group._error_of(rank, f"died during {self.method}(): {err}")
             self.group._mark_dead(error)
             self._fail(error, err)
-        except RayTaskError as err:
-            cause = err.cause if getattr(err, "cause", None) is not None else err
-            what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
-            self._fail(self.group._error_of(rank, what), err)
         except RayError as err:
             self._fail(self.group._error_of(rank, f"failed in {self.method}(): {err}"), err)
         if not self._pending:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,6 +53,10 @@ class Echo(Worker):
             raise ValueError(f"bad input on rank {rank}")
         time.sleep(60)
         return self.rank
+
+    def call_peer(self, peer: Any) -> int:
+        """Wait on a method of another group's rank (as a rollout waits on an env worker)."""
+        return ray.get(peer.execute.remote("sleep", 60))
 
     def all_reduce(self) -> list:
         import torch
@@ -200,6 +205,27 @@ def test_error_in_another_group_ends_a_wait(cluster):
         with pytest.raises(WorkerError, match="EnvGroup rank 0 on node 0 \\(.+?\\) raised"):
             rollout.execute("sleep", 60).wait()
         assert time.monotonic() - start < FAILURE_DEADLINE_S
+    finally:
+        env.shutdown()
+        rollout.shutdown()
+
+
+def test_a_rank_that_lost_a_dead_peer_names_the_dead_group(cluster):
+    """Both the waiting rank's error and the dead process's watch are in when the driver looks
+    (it sees the call's first), yet the group whose process is gone is the one named: in a
+    multi-node run, the env node that went down, not the rollout that lost contact with it."""
+    plan = cluster.plan({"env,rollout": "all"})
+    env = WorkerGroup.launch(Echo, cluster, plan, "env", name="EnvGroup", args=(1,))
+    rollout = WorkerGroup.launch(Echo, cluster, plan, "rollout", name="RolloutGroup", args=(1,))
+    try:
+        env_pids = env.execute("pid").wait()
+        call = rollout.execute("call_peer", env._hosts[0])
+        time.sleep(1.0)
+        os.kill(env_pids[0], signal.SIGKILL)
+        time.sleep(3.0)
+        with pytest.raises(WorkerError, match="^EnvGroup rank 0 on node 0 \\(.+?\\) died") as info:
+            call.wait()
+        assert (info.value.group, info.value.rank, info.value.died) == ("EnvGroup", 0, True)
     finally:
         env.shutdown()
         rollout.shutdown()
