@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import stand_in_assets
 from test_libero import BDDL, config, in_process
-from test_maniskill import push_policy
+from envs.experts import push_cube
 
 from core.errors import DataError
 from embodied.config import build_policy, compose, load_env_config
@@ -90,7 +90,7 @@ def test_recording_keeps_the_successes_and_replays_to_the_same_pixels(tmp_path):
     p = check_params(env_cfg.init_params)
 
     def act(obs):  # chunks of 3 planned from one observation, run one step at a time
-        return np.repeat(push_policy(obs[PRIVILEGED_STATES])[:, None], 3, axis=1)
+        return np.repeat(push_cube(obs[PRIVILEGED_STATES])[:, None], 3, axis=1)
 
     out = tmp_path / "push"
     with make_vector_env(env_cfg, num_envs=2) as env, \

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from envs.experts import push_cube
 from envs.maniskill import TASK_DESCRIPTIONS, ManiSkillEnv, check_params, ManiSkillVectorEnv
 from envs.subproc import SubprocVectorEnv
 from embodied.config import load_env_config
@@ -30,27 +31,13 @@ def options(**overrides) -> dict:
     return {**base, **overrides}
 
 
-def push_policy(states: np.ndarray) -> np.ndarray:
-    """Scripted PushCube pusher for pd_ee_delta_pos (state layout: qpos 9, qvel 9, tcp pose 7,
-    goal position 3, cube pose 7): get behind the cube high, go down, push it to the goal."""
-    tcp, goal, cube = states[:, 18:21], states[:, 25:28], states[:, 28:31]
-    behind = cube + np.array([-0.05, 0.0, 0.0])
-    aligned = (np.abs(tcp[:, 1] - cube[:, 1]) < 0.01) & (tcp[:, 0] < cube[:, 0] - 0.035)
-    target = np.where(aligned[:, None], behind, behind + [0, 0, 0.04])
-    pushing = aligned & (tcp[:, 2] <= 0.025)
-    target = np.where(pushing[:, None], goal, target)
-    target[:, 2] = np.where(aligned, 0.02, 0.06)
-    move = np.clip((target - tcp) / 0.1 * 3, -1, 1)
-    return np.concatenate([move, -np.ones((len(states), 1))], axis=1).astype(np.float32)
-
-
 def run_push(env: VectorEnv, ids: list[int], chunks: int = 5, chunk: int = 3) -> list[tuple]:
     """Every chunk_step's (obs, rewards, terminations, truncations, infos), the chunk's actions
     planned from the observation before it (open loop inside the chunk)."""
     obs = env.reset(np.array(ids))
     out = []
     for _ in range(chunks):
-        actions = np.repeat(push_policy(obs["states"])[:, None], chunk, axis=1)
+        actions = np.repeat(push_cube(obs["states"])[:, None], chunk, axis=1)
         step = env.chunk_step(actions)
         out.append(step)
         obs = step[0]
