@@ -109,7 +109,7 @@ def curve(run_dir: Path) -> list[dict]:
 
 def held_out(ckpt: Path, out: Path, name: str, episodes: int) -> float:
     """Greedy success of a checkpoint on the eval episodes, with videos in ``out/name``."""
-    result = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft_push_cube", f"runner.ckpt_path={ckpt}",
+    result = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft_push_cube", f"runner.ckpt_path={ckpt}", *CONTROL,
                                f"runner.output_dir={out}", f"runner.experiment_name={name}",
                                f"env.eval.total_num_envs={episodes}", "env.eval.video_cfg.save_video=true"],
                       out / f"{name}.log")
@@ -149,17 +149,20 @@ def main() -> None:
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    demos = record_demos(out / "push", args.demos)
+    # what a previous run of this command left in --out (demos, finished SFT runs) is reused
+    demos = out / "push.h5" if (out / "push.json").exists() else record_demos(out / "push", args.demos)
     check_held_out(demos, args.eval_episodes)
     sft = {}
     for head in sorted({VARIANTS[v][0] for v in variants}):
         name = f"sft_{head}"
-        embodied("train", ["--config-name", "maniskill_sft_openvla_oft", *CONTROL, f"data.demo_paths=[{demos}]",
-                           "actor.model.action_dim=4", f"actor.model.action_head={head}",
-                           f"runner.output_dir={out}", f"runner.experiment_name={name}",
-                           f"runner.max_epochs={args.sft_steps}", f"runner.save_interval={args.sft_steps}",
-                           f"runner.val_check_interval={max(args.sft_steps // 5, 1)}"], out / f"{name}.log")
         ckpt = out / name / "checkpoints" / f"global_step_{args.sft_steps}"
+        if not ckpt.exists():
+            embodied("train", ["--config-name", "maniskill_sft_openvla_oft", *CONTROL,
+                               f"data.demo_paths=[{demos}]",
+                               "actor.model.action_dim=4", f"actor.model.action_head={head}",
+                               f"runner.output_dir={out}", f"runner.experiment_name={name}",
+                               f"runner.max_epochs={args.sft_steps}", f"runner.save_interval={args.sft_steps}",
+                               f"runner.val_check_interval={max(args.sft_steps // 5, 1)}"], out / f"{name}.log")
         sft[head] = (ckpt, held_out(ckpt, out, f"{name}_eval", args.eval_episodes), curve(out / name))
         print(f"SFT ({head} head): held-out success {sft[head][1]:.3f}; curve {sft[head][2]}", flush=True)
 

@@ -203,6 +203,36 @@ def test_fresh_value_head_starts_small_like_rl_frameworks():
     assert torch.equal(first.bias, torch.zeros(512))
 
 
+def test_an_exported_folder_starts_a_run_with_or_without_a_critic(l1_ckpt, tmp_path):
+    """SFT exports no value head: PPO from it starts a fresh critic and keeps the trained log-std;
+    a PPO export brings its critic back; a critic unused or a log-std of another size is refused."""
+    sft = build_policy(tiny_cfg(l1_ckpt, action_head="l1_regression", add_value_head=False, is_lora=False))
+    with torch.no_grad():
+        sft.action_log_std.fill_(-1.25)
+    sft.export_pretrained(tmp_path / "sft")
+    assert set(load_file(str(tmp_path / "sft" / "rl_heads.safetensors"))) == {"action_log_std"}
+
+    ppo = build_policy(tiny_cfg(tmp_path / "sft", action_head="l1_regression", add_value_head=True, is_lora=False))
+    assert ppo.value_head is not None and torch.equal(ppo.action_log_std, torch.full((7,), -1.25))
+    with torch.no_grad():
+        ppo.action_log_std.fill_(-0.5)
+    ppo.export_pretrained(tmp_path / "ppo")
+    assert "value_head.mlp.0.weight" in load_file(str(tmp_path / "ppo" / "rl_heads.safetensors"))
+
+    again = build_policy(tiny_cfg(tmp_path / "ppo", action_head="l1_regression", add_value_head=True, is_lora=False))
+    assert torch.equal(again.action_log_std, torch.full((7,), -0.5))
+    for k, v in ppo.value_head.state_dict().items():
+        assert torch.equal(again.value_head.state_dict()[k], v), k
+    with pytest.raises(CheckpointError, match="holds a value head but actor.model.add_value_head is false"):
+        build_policy(tiny_cfg(tmp_path / "ppo", action_head="l1_regression", add_value_head=False, is_lora=False))
+
+    from safetensors.torch import save_file
+
+    save_file({"action_log_std": torch.zeros(5)}, str(tmp_path / "sft" / "rl_heads.safetensors"))
+    with pytest.raises(CheckpointError, match=r"action_log_std \(5,\) != \(7,\)"):
+        build_policy(tiny_cfg(tmp_path / "sft", action_head="l1_regression", add_value_head=True, is_lora=False))
+
+
 # ---------------------------------------------------------------------------- folders: used or refused
 def test_every_file_is_used_or_refused_by_name(l1_ckpt, plain_ckpt, tmp_path):
     head = next(l1_ckpt.glob("action_head--*.pt")).name

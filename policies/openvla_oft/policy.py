@@ -140,7 +140,11 @@ class OpenVLAOFTPolicy(Policy):
                 torch.full((self.action_dim,), float(options.init_log_std), device=device)
             )
         if rl_state:
-            own = {k: tuple(v.shape) for k, v in self.state_dict().items() if k.startswith("value_head.") or k == LOG_STD}
+            # A new run starts from the folder: a value head it lacks starts fresh (an SFT export
+            # has none); what the folder holds must fit whole.
+            held = {_rl_group(k) for k in rl_state}
+            own = {k: tuple(v.shape) for k, v in self.state_dict().items()
+                   if (k.startswith("value_head.") or k == LOG_STD) and _rl_group(k) in held}
             check_keys(own, {k: tuple(v.shape) for k, v in rl_state.items()}, f"RL tensors of {options.model_path}")
             self.load_state_dict(rl_state, strict=False)
 
@@ -484,3 +488,8 @@ def adapter_file_key(param_name: str) -> str:
     """A LoRA parameter's name in peft's ``adapter_model.safetensors``: no ``vla.`` prefix (the
     adapter belongs to the model, not the policy) and no adapter name."""
     return param_name.removeprefix("vla.").replace(".default.", ".")
+
+
+def _rl_group(key: str) -> str:
+    """The part of the RL tensors a key belongs to: the whole value head, or the log-std."""
+    return "value_head" if key.startswith("value_head.") else key
