@@ -154,6 +154,10 @@ BAD = [
      "rollout.recompute_logprobs = True: expected false with algorithm.loss_type=decoupled_actor_critic"),
     (["algorithm.behave_weight_threshold=2.0"], "algorithm.behave_weight_threshold: not supported here, because "
                                                 "algorithm.loss_type ppo weighs no samples by their staleness"),
+    (["algorithm.critic_warmup=-1"], "algorithm.critic_warmup = -1: expected a number >= 0"),
+    (["algorithm.critic_warmup=2", "algorithm.adv_type=grpo", "algorithm.group_size=2", "actor.model.add_value_head=false",
+      "env.train.group_size=2", "env.train.use_fixed_reset_state_ids=true"],
+     "algorithm.critic_warmup = 2: expected 0 without a critic (actor.model.add_value_head is false)"),
 ]
 
 

@@ -168,3 +168,31 @@ def test_a_run_with_every_option_on_trains_on_two_fsdp2_ranks(tmp_path):
     assert [p.name for p in ckpts] == ["global_step_3"]
     weights = torch.load(ckpts[0] / "actor" / "model.pt", weights_only=True)
     assert all(w.dtype == torch.float32 for w in weights.values())  # fp32 master weights
+
+
+def test_critic_warmup_trains_only_the_critic_for_its_steps(tmp_path):
+    """``algorithm.critic_warmup: 2``: the checkpoints of steps 1 and 2 hold the same actor and
+    different critics; step 3 moves the actor (through the real workers, actor on two ranks)."""
+    from embodied import checkpoint
+    from tests.runs import Run, tiny_config
+    from tests.test_pipeline import scalars
+
+    run = Run(tiny_config(tmp_path) + [f"runner.output_dir={tmp_path}", "runner.max_epochs=3",
+                                       "algorithm.critic_warmup=2"], tmp_path, "warmup")
+    code, err = run.finish(timeout=240)
+    assert code == 0, err[-3000:]
+    steps = [torch.load(p / "actor" / "model.pt", weights_only=True)
+             for p in checkpoint.list_checkpoints(tmp_path / "tiny" / "checkpoints")]
+    assert len(steps) == 3
+
+    def moved(a: dict, b: dict, critic: bool) -> bool:
+        names = [k for k in a if k.startswith("value_head.") == critic]
+        assert names
+        return any(not torch.equal(a[k], b[k]) for k in names)
+
+    assert not moved(steps[0], steps[1], critic=False) and moved(steps[0], steps[1], critic=True)
+    assert moved(steps[1], steps[2], critic=False) and moved(steps[1], steps[2], critic=True)
+    logs = tmp_path / "tiny"
+    assert set(scalars(logs, "critic/value_loss")) == {1, 2, 3}
+    assert set(scalars(logs, "actor/policy_loss")) == {3}  # no policy loss while the critic warms up
+

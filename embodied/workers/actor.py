@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs
+from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs, value_loss
 from embodied.algorithms.trajectory import normalize, training_samples
 from embodied.backends import BACKENDS
 from embodied import demonstrations
@@ -38,7 +38,7 @@ from embodied.worker import Worker
 CONFIG_KEYS = ("algorithm.loss_type", "algorithm.kl_beta", "algorithm.entropy_bonus",
                "algorithm.calculate_entropy", "algorithm.use_kl_in_reward", "algorithm.target_kl",
                "algorithm.logprob_type", "algorithm.entropy_type", "algorithm.update_epochs",
-               "algorithm.logprob_forward_micro_batch_size", "rollout.recompute_logprobs",
+               "algorithm.logprob_forward_micro_batch_size", "algorithm.critic_warmup", "rollout.recompute_logprobs",
                "actor.micro_batch_size", "actor.global_batch_size", "actor.seed", "actor.optim.lr",
                "actor.optim.value_lr", "actor.optim.clip_grad", "actor.optim.max_skipped_updates",
                "actor.model.gradient_checkpointing")
@@ -76,6 +76,7 @@ class ActorWorker(Worker):
             self.lr_ratios.append(optim.value_lr / optim.lr)
         self.optimizer = build_optimizer(groups, optim)
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self.warming_up = False  # algorithm.critic_warmup: this step trains only the critic
         self.loss_args = loss_hyperparameters(self.algo)
         if self.algo.use_kl_in_reward:
             self.loss_args["kl_beta"] = 0.0  # the KL is already in the rewards
@@ -107,13 +108,17 @@ class ActorWorker(Worker):
         lr = learning_rate(step, self.cfg.actor.lr_sched, training_steps(self.cfg.runner))
         for group, ratio in zip(self.optimizer.param_groups, self.lr_ratios):
             group["lr"] = lr * ratio
+        # a fresh critic first learns the returns; its advantages would move the policy at random
+        self.warming_up = step <= self.algo.critic_warmup
+        if self.warming_up:
+            self.optimizer.param_groups[0]["lr"] = 0.0  # the policy's group (the critic's is the second)
         self.policy.train()
         for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
             metrics = self._minibatch(batch, index, micro, self._loss)
             for key, value in metrics.items():
                 sums[key] += value
             updates += 1
-            if self._kl_exceeded(metrics["actor/approx_kl"]):
+            if self._kl_exceeded(metrics.get("actor/approx_kl", 0.0)):
                 break
         skipped = sums.pop("actor/skipped_updates", 0.0)
         self._check_skipped(step)
@@ -231,6 +236,10 @@ class ActorWorker(Worker):
     def _loss(self, mb: Samples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.autocast():
             out = self.policy(mb.forward_inputs, mb.actions)
+        if self.warming_up:  # algorithm.critic_warmup: the value loss alone
+            loss, metrics = value_loss(out.values.float(), mb.old_values, mb.returns, mb.mask,
+                                       value_clip=self.algo.value_clip)
+            return self.algo.value_loss_coef * loss, metrics
         level = self.algo.logprob_type
         entropy = None
         if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
