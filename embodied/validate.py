@@ -65,7 +65,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if needs["needs_value_head"] and not model.add_value_head:
         _fail("actor.model.add_value_head", model.add_value_head,
               f"true with algorithm.adv_type={adv} (it bootstraps from the critic's values)")
-    if cfg.algorithm.critic_warmup and not model.add_value_head and not (imitation or cfg.runner.only_eval):
+    if cfg.algorithm.critic_warmup and not model.add_value_head and not cfg.runner.only_eval:
         _fail("algorithm.critic_warmup", cfg.algorithm.critic_warmup,
               "0 without a critic (actor.model.add_value_head is false)")
 

@@ -76,7 +76,6 @@ class ActorWorker(Worker):
             self.lr_ratios.append(optim.value_lr / optim.lr)
         self.optimizer = build_optimizer(groups, optim)
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or gradient
-        self.warming_up = False  # algorithm.critic_warmup: this step trains only the critic
         self.loss_args = loss_hyperparameters(self.algo)
         if self.algo.use_kl_in_reward:
             self.loss_args["kl_beta"] = 0.0  # the KL is already in the rewards
@@ -109,12 +108,13 @@ class ActorWorker(Worker):
         for group, ratio in zip(self.optimizer.param_groups, self.lr_ratios):
             group["lr"] = lr * ratio
         # a fresh critic first learns the returns; its advantages would move the policy at random
-        self.warming_up = step <= self.algo.critic_warmup
-        if self.warming_up:
+        loss_of = self._loss
+        if step <= self.algo.critic_warmup:
+            loss_of = self._critic_loss
             self.optimizer.param_groups[0]["lr"] = 0.0  # the policy's group (the critic's is the second)
         self.policy.train()
         for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
-            metrics = self._minibatch(batch, index, micro, self._loss)
+            metrics = self._minibatch(batch, index, micro, loss_of)
             for key, value in metrics.items():
                 sums[key] += value
             updates += 1
@@ -236,10 +236,6 @@ class ActorWorker(Worker):
     def _loss(self, mb: Samples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.autocast():
             out = self.policy(mb.forward_inputs, mb.actions)
-        if self.warming_up:  # algorithm.critic_warmup: the value loss alone
-            loss, metrics = value_loss(out.values.float(), mb.old_values, mb.returns, mb.mask,
-                                       value_clip=self.algo.value_clip)
-            return self.algo.value_loss_coef * loss, metrics
         level = self.algo.logprob_type
         entropy = None
         if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
@@ -251,6 +247,14 @@ class ActorWorker(Worker):
             returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss,
             proximal_logprobs=mb.proximal_logprobs, **self.loss_args,
         )
+
+    def _critic_loss(self, mb: Samples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``algorithm.critic_warmup``'s loss: the value loss alone."""
+        with self.autocast():
+            out = self.policy(mb.forward_inputs, mb.actions)
+        loss, metrics = value_loss(out.values.float(), mb.old_values, mb.returns, mb.mask,
+                                   value_clip=self.loss_args["value_clip"])
+        return self.loss_args["value_loss_coef"] * loss, metrics
 
     def _imitation_loss(self, mb: DemoSamples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.autocast():
