@@ -2,7 +2,7 @@
 lifts its held-out success, on ManiSkill PushCube-v1 from 64 px images, in one command.
 
     python benchmarks/vla_learning.py [--variants ppo,grpo,ppo_l1] [--demos 100] [--sft-steps 1000]
-        [--rl-steps 250] [--out results/vla_learning]
+        [--rl-steps 160] [--out results/vla_learning]
 
 1. **Demos**: the scripted pusher (``envs/experts.py``, reading object poses) drives PushCube in
    ``rgb+state``; its successful episodes from reset states 100000 on are written in ManiSkill's
@@ -18,7 +18,8 @@ lifts its held-out success, on ManiSkill PushCube-v1 from 64 px images, in one c
    [0, 2^31) (``envs.protocol.ResetStates``), so none is one of the demos' (checked).
 
 The policy sees only the camera image and the instruction: no proprioception, no object or goal
-pose. Camera 64 px: rendering dominates a step here (about 25 ms per frame with lavapipe), and a
+pose. Camera 64 px: rendering dominates a step here (about 25 ms per frame with lavapipe, 6 ms
+with the Panda's meshes simplified to 2000 triangles each, ``render_mesh_triangles``), and a
 pushed cube's position relative to the target still shows at that size. Prints each run's curve
 (time, step, held-out success, train return); the last line is JSON with ``success_sft``,
 ``success_rl`` and ``train_wall_s`` of the discrete-head PPO run, ``met_bar`` (RL >= SFT + 0.30,
@@ -64,7 +65,8 @@ def record_demos(out: Path, episodes: int, first_seed: int = FIRST_DEMO_SEED, nu
 
     cfg = load_env_config("maniskill_push_cube", [
         "init_params.obs_mode=rgb+state", "init_params.control_mode=pd_ee_delta_pos", "init_params.wrist_camera=null",
-        "init_params.camera_heights=64", "init_params.camera_widths=64", f"max_episode_steps={EPISODE_STEPS}"])
+        "init_params.camera_heights=64", "init_params.camera_widths=64", "init_params.render_mesh_triangles=2000",
+        f"max_episode_steps={EPISODE_STEPS}"])
     env_cfg, _ = recording_env(cfg, num_envs)
     p = check_params(env_cfg.init_params)
     tic = time.monotonic()
@@ -136,8 +138,8 @@ def main() -> None:
     parser.add_argument("--variants", default="ppo,grpo,ppo_l1", help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--demos", type=int, default=100, help="successful demo episodes to record")
     parser.add_argument("--sft-steps", type=int, default=1000, help="SFT optimizer steps (64 demo steps each)")
-    parser.add_argument("--rl-steps", type=int, default=75,
-                        help="steps of the discrete-head PPO run (2560 env steps each; 75 take about 30 min here)")
+    parser.add_argument("--rl-steps", type=int, default=160,
+                        help="steps of the discrete-head PPO run (2560 env steps each; 160 take about 30 min here)")
     parser.add_argument("--variant-steps", type=int, default=None, help="steps of the other variants (default: --rl-steps)")
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out greedy episodes of the final evals")
     parser.add_argument("--out", default="results/vla_learning", help="folder of the demos, runs and videos")

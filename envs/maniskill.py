@@ -14,7 +14,8 @@ rendered: the cameras named ``main_camera`` and ``wrist_camera`` (ManiSkill rend
 camera of the task and robot otherwise), and on the CPU simulation only the observation that is
 read, once per chunk (ManiSkill computes one after every step otherwise). Only while a video
 records is every step rendered, so that the video holds one frame per env step
-(``STEP_FRAMES``).
+(``STEP_FRAMES``). A frame's cost there is its triangles, not its pixels: ``render_mesh_triangles``
+simplifies the visual meshes above it when a scene is built (envs/meshes.py).
 
 ManiSkill warns at every env construction that ``panda_wristcam`` is not among a task's supported
 robots; it is the Panda with a wrist camera, so for tasks that support ``panda`` the warning is
@@ -77,6 +78,7 @@ from mani_skill.envs.utils.observations import parse_obs_mode_to_struct  # noqa:
 from mani_skill.utils import assets  # noqa: E402
 from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 
+from envs.meshes import simplify_visual_meshes  # noqa: E402
 from envs.subproc import single_env_batch  # noqa: E402
 
 OBS_MODES = ("state", "rgb", "rgb+state")
@@ -84,8 +86,9 @@ OBS_MODES = ("state", "rgb", "rgb+state")
 # goal poses), for a state policy driving an env with cameras; VLAs never read it
 PRIVILEGED_STATES = "privileged_states"
 SIM_BACKENDS = ("cpu", "gpu")
+MIN_MESH_TRIANGLES = 100  # below it the robot's links lose their shape
 PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
-          "camera_heights", "camera_widths", "main_camera", "wrist_camera")
+          "camera_heights", "camera_widths", "main_camera", "wrist_camera", "render_mesh_triangles")
 # robots that are another robot plus cameras: a task that supports the base runs them as it is
 CAMERA_VARIANTS = {"panda_wristcam": "panda"}
 
@@ -138,6 +141,15 @@ def check_params(init_params: Any) -> dict[str, Any]:
     for key in ("camera_heights", "camera_widths"):
         if not (isinstance(p[key], int) and p[key] > 0):
             raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected a positive integer")
+    cap = p["render_mesh_triangles"]
+    if cap is not None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < MIN_MESH_TRIANGLES:
+            raise EnvSetupError(f"env.init_params.render_mesh_triangles={cap!r}: expected null or an "
+                                f"integer >= {MIN_MESH_TRIANGLES}")
+        if p["sim_backend"] == "gpu":
+            raise EnvSetupError("env.init_params.render_mesh_triangles is not supported with sim_backend "
+                                "gpu, because the GPU renderer batches the scenes' meshes when they are "
+                                "built and is not bound by their triangles; set it to null")
     missing_assets = []
     for asset_id in REGISTERED_ENVS[task_id].asset_download_ids or []:
         ids = (assets.expand_data_group_into_individual_data_source_ids(asset_id)
@@ -232,13 +244,21 @@ def _make(p: dict[str, Any], num_envs: int, max_episode_steps: int, render: bool
                 "picked up automatically); with an NVIDIA GPU: install its driver's Vulkan ICD; "
                 "or set VK_ICD_FILENAMES to a working driver's json") from None
         raise
-    if has_cameras(p):
-        try:
-            _keep_cameras(env, p)
-        except EnvSetupError:
-            env.close()
-            raise
+    try:
+        _prepare_scene(env, p)
+    except EnvSetupError:
+        env.close()
+        raise
     return env
+
+
+def _prepare_scene(env: gym.Env, p: dict[str, Any]) -> None:
+    """What a built (or rebuilt) scene needs before it renders: only the cameras the policy
+    reads, and visual meshes under ``render_mesh_triangles`` (envs/meshes.py)."""
+    if has_cameras(p):
+        _keep_cameras(env, p)
+    if p["render_mesh_triangles"] is not None:
+        simplify_visual_meshes(env.unwrapped.scene.sub_scenes, p["render_mesh_triangles"])
 
 
 def _keep_cameras(env: gym.Env, p: dict[str, Any]) -> None:
@@ -320,8 +340,8 @@ class ManiSkillEnv:
     def reset(self, state_id: int) -> None:
         self._raw_obs, info = self.env.reset(seed=state_id)
         self._obs = None
-        if info["reconfigure"] and has_cameras(self.p):  # the task rebuilt its scene and cameras
-            _keep_cameras(self.env, self.p)
+        if info["reconfigure"]:  # the task rebuilt its scene and cameras
+            _prepare_scene(self.env, self.p)
             self._raw_obs = None
 
     def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
@@ -468,7 +488,7 @@ def _probe(task_id: str, obs_mode: str, control_mode: str, reward_mode: str,
     """``(length of obs["states"], cameras, action dims)`` of one env of these params: a CPU scene
     built and reset, not rendered (well under a second once ManiSkill is imported)."""
     p = {"id": task_id, "obs_mode": "state", "control_mode": control_mode, "reward_mode": reward_mode,
-         "sim_backend": "cpu", "robot_uids": robot_uids}
+         "sim_backend": "cpu", "robot_uids": robot_uids, "render_mesh_triangles": None}
     env = _make(p, num_envs=1, max_episode_steps=1, render=False, extra={"render_backend": "none"})
     try:
         env.reset(seed=0)

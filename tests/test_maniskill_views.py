@@ -47,3 +47,43 @@ def test_rgb_state_gives_the_state_envs_states_beside_the_images():
         np.testing.assert_array_equal(both["main_images"], rgb["main_images"])
     assert seen["state"][0]["states"].shape == (1, 35) and seen["rgb"][0]["states"].shape == (1, 25)
     assert not np.array_equal(seen["state"][0]["states"], seen["state"][1]["states"])  # it moved
+
+
+def robot_triangles(env) -> int:
+    scene = env.sim.env.env.unwrapped.scene.sub_scenes[0]
+    return sum(len(part.triangles) for entity in scene.entities if entity.name.startswith("panda")
+               for body in entity.components if type(body).__name__ == "RenderBodyComponent"
+               for shape in body.render_shapes for part in shape.parts)
+
+
+def test_simplified_meshes_draw_the_same_scene_from_a_sixth_of_the_triangles():
+    """``render_mesh_triangles``: same seed and actions, the Panda drawn from at most 2000
+    triangles a mesh. The frames differ in a few edge pixels only, the arm is drawn where the
+    simulation moved it, and the simulation itself is untouched (same states)."""
+    push = ["init_params.obs_mode=rgb", "init_params.wrist_camera=null", "init_params.control_mode=pd_ee_delta_pos",
+            "init_params.camera_heights=64", "init_params.camera_widths=64"]
+    actions = np.tile(np.array([0.6, 0.3, -0.5, 0.0], np.float32), (1, 12, 1))
+    seen, triangles = {}, {}
+    for cap in ("null", "2000"):
+        with make_vector_env(load_env_config("maniskill_push_cube", push + [f"init_params.render_mesh_triangles={cap}"]),
+                             num_envs=1) as env:
+            seen[cap] = [env.reset([3]), env.chunk_step(actions)[0]]
+            triangles[cap] = robot_triangles(env)
+    assert triangles["null"] > 100_000 and triangles["2000"] <= 11 * 2000  # 11 link meshes
+    for full, simple in zip(seen["null"], seen["2000"]):
+        np.testing.assert_array_equal(full["states"], simple["states"])
+        gap = np.abs(full["main_images"].astype(int) - simple["main_images"].astype(int)).max(-1)
+        assert 0 < (gap > 0).mean() and (gap > 16).mean() < 0.02
+    moved = np.abs(seen["2000"][0]["main_images"].astype(int) - seen["2000"][1]["main_images"].astype(int)).max(-1)
+    assert (moved > 16).mean() > 0.05
+
+
+@pytest.mark.parametrize("override,message", [
+    (["init_params.render_mesh_triangles=10"], r"render_mesh_triangles=10: expected null or an integer >= 100"),
+    (["init_params.render_mesh_triangles=many"], r"render_mesh_triangles='many': expected null"),
+    (["init_params.render_mesh_triangles=2000", "init_params.sim_backend=gpu"],
+     r"render_mesh_triangles is not supported with sim_backend gpu, because"),
+])
+def test_a_bad_mesh_cap_is_refused_before_any_scene_is_built(override, message):
+    with pytest.raises(EnvSetupError, match=message):
+        make_vector_env(load_env_config("maniskill_push_cube", override), num_envs=1)
