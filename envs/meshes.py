@@ -4,7 +4,7 @@ On lavapipe (Vulkan on the CPU) a frame costs what its triangles cost, nearly wh
 size: ManiSkill's Panda draws 135k of them, 22 ms of a 25 ms frame at 64 px. Quadric edge
 collapse (``fast-simplification``) brings each mesh under a cap when the scene is built; at 2,000
 a 64 px frame takes 6 ms and 0.3 % of its pixels change by more than 16/255 (benchmarks/README.md,
-"Rendering with simplified meshes"). Textured meshes (ManiSkill's floor) are kept: simplification
+"rgb ManiSkill env steps/s"). Textured meshes (ManiSkill's floor) are kept: simplification
 keeps no texture coordinates. Collision shapes are untouched, so the physics is the same.
 """
 
