@@ -19,6 +19,17 @@ It also times one step's work alone, one thread per piece (sampling, forward + b
 scoring): half their sum is a lower bound on the step time of anything that spreads that work
 over the 2 cores, printed as ``floor_vs_trl``. The last line is JSON with ``step_time_vs_trl``
 (ours / TRL), ``async_step_time_vs_trl``, ``floor_vs_trl``, ``accuracy_ours``, ``accuracy_trl``.
+
+``--model qwen2_65m``: the generation engines at a size where the model's compute counts
+(issue 19): the 65M Qwen2-shaped model of ``benchmarks/generation.py`` with random weights and the
+same character tokenizer, ``--new-tokens`` (32) per response, ours with ``rollout.backend=vllm``
+and with ``huggingface``, against TRL generating with Hugging Face ``generate`` (TRL's own vLLM
+modes load weights through ``model.load_weights``, which the CPU build of vLLM refuses:
+``../shared/notes/vllm.md``). Random weights answer nothing right, so every reward is -1 and the
+accuracies are 0: this measures step time only. The JSON line holds ``step_time_vs_trl`` (vLLM /
+TRL) and ``hf_step_time_vs_trl``.
+
+    python benchmarks/math_grpo_vs_trl.py --model qwen2_65m [--steps 6]
 """
 
 from __future__ import annotations
@@ -34,14 +45,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS, GROUP, NEW_TOKENS, LR = 32, 8, 4, 1e-3
+PROMPTS, GROUP, NEW_TOKENS, LR = 32, 8, 4, 1e-3  # NEW_TOKENS: the tiny model's
 # ours, synchronous (rollout, then update) and one step off-policy (the next rollout runs while the
 # actor updates; decoupled PPO loss against the proximal policy)
 MODES = {"sync": [],
          "async": ["algorithm.staleness_threshold=1", "algorithm.loss_type=decoupled_actor_critic"]}
+# the 65M model: our two generation backends (each rollout rank holds an engine of one thread)
+ENGINES = {"vllm": ["rollout.backend=vllm", f"rollout.max_running_requests={PROMPTS * GROUP // 4}"],
+           "huggingface": []}
 
 
-def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str, float]:
+def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int, new_tokens: int = NEW_TOKENS) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -71,7 +85,7 @@ def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str,
     train = read_jsonl(data_dir / "train.jsonl")
     config = GRPOConfig(
         output_dir=str(out / "trl"), max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=LR, lr_scheduler_type="constant",
+        num_generations=GROUP, max_completion_length=new_tokens, learning_rate=LR, lr_scheduler_type="constant",
         adam_epsilon=1e-5, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
         temperature=1.0, num_iterations=1, use_cpu=True, bf16=False, gradient_checkpointing=False,
         logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True)
@@ -81,7 +95,7 @@ def run_trl(model_dir: Path, data_dir: Path, out: Path, steps: int) -> dict[str,
     tic = time.monotonic()
     trainer.train()
     wall = time.monotonic() - tic
-    accuracy = greedy_accuracy(trainer.model, tokenizer, read_jsonl(data_dir / "test.jsonl"), NEW_TOKENS)
+    accuracy = greedy_accuracy(trainer.model, tokenizer, read_jsonl(data_dir / "test.jsonl"), new_tokens)
     verifier.close()
     return {"step_s": statistics.median(times.times[1:]), "accuracy": accuracy, "wall_s": wall}
 
@@ -129,7 +143,8 @@ def measure_floor(model_dir: Path, data_dir: Path, repeats: int = 7) -> dict[str
     return parts | {"floor_s": sum(parts.values()) / 2}
 
 
-def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int, name: str, extra: list[str]) -> dict[str, float]:
+def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int, name: str, extra: list[str],
+             new_tokens: int = NEW_TOKENS) -> dict[str, float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     command = [sys.executable, "-m", "embodied", "train", "--config-name", "math_grpo_tiny",
@@ -137,7 +152,7 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int, name: str, 
                f"data.val_data_paths=[{data_dir / 'test.jsonl'}]", f"runner.output_dir={out}",
                f"runner.experiment_name={name}", f"runner.max_epochs={steps}", f"runner.val_check_interval={steps}",
                "runner.val_before_train=false", f"data.rollout_batch_size={PROMPTS}", f"algorithm.group_size={GROUP}",
-               f"runner.seq_length={8 + NEW_TOKENS}", "data.max_prompt_length=8", f"actor.optim.lr={LR}",
+               f"runner.seq_length={8 + new_tokens}", "data.max_prompt_length=8", f"actor.optim.lr={LR}",
                "actor.lr_sched.lr_decay_style=constant", f"actor.global_batch_size={PROMPTS * GROUP}",
                "algorithm.update_epochs=1", "algorithm.kl_beta=0", "algorithm.loss_agg_func=token-mean",
                "algorithm.sampling_params.temperature=1.0", "reward.reward_scale=1.0",
@@ -155,12 +170,44 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int, name: str, 
             "phases": phases}
 
 
+def engines_at_65m(out: Path, steps: int, new_tokens: int) -> None:
+    """Step time of ours with vLLM and with HF ``generate`` against TRL's, on the random 65M model."""
+    from benchmarks.generation import write_model
+    from envs.arithmetic import write_split
+
+    write_split(out / "data")
+    params = write_model("qwen2_65m", out / "model")
+    print(f"qwen2_65m: {params / 1e6:.1f}M parameters, random weights; {new_tokens} new tokens", flush=True)
+    small = ["actor.micro_batch_size=32", "algorithm.logprob_forward_micro_batch_size=32"]
+    ours = {}
+    for engine, extra in ENGINES.items():
+        ours[engine] = run_ours(out / "model", out / "data", out, steps, f"ours_{engine}", extra + small, new_tokens)
+        print(f"ours, {engine}: median step {ours[engine]['step_s']:.3f} s ("
+              + ", ".join(f"{k} {v:.3f}" for k, v in ours[engine]["phases"].items()) + ")", flush=True)
+    trl = run_trl(out / "model", out / "data", out, steps, new_tokens)
+    print(f"TRL (HF generate): median step {trl['step_s']:.3f} s", flush=True)
+    print(json.dumps({"model": "qwen2_65m", "params_m": round(params / 1e6, 1), "new_tokens": new_tokens,
+                      "step_time_vs_trl": round(ours["vllm"]["step_s"] / trl["step_s"], 3),
+                      "hf_step_time_vs_trl": round(ours["huggingface"]["step_s"] / trl["step_s"], 3),
+                      "step_s_vllm": round(ours["vllm"]["step_s"], 3), "step_s_hf": round(ours["huggingface"]["step_s"], 3),
+                      "step_s_trl": round(trl["step_s"], 3), "phases_vllm": ours["vllm"]["phases"],
+                      "phases_hf": ours["huggingface"]["phases"], "accuracy_vllm": ours["vllm"]["accuracy"],
+                      "accuracy_hf": ours["huggingface"]["accuracy"], "accuracy_trl": trl["accuracy"],
+                      "steps": steps, "prompts": PROMPTS, "group_size": GROUP}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "results" / "math_vs_trl"))
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--out", default=None, help="default: results/math_vs_trl (results/math_vs_trl_65m)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps of each run (default 60; 6 at 65M)")
+    parser.add_argument("--model", choices=["tiny", "qwen2_65m"], default="tiny")
+    parser.add_argument("--new-tokens", type=int, default=32, help="max new tokens per response at 65M")
     args = parser.parse_args()
-    out = Path(args.out)
+    if args.model == "qwen2_65m":
+        engines_at_65m(Path(args.out or ROOT / "results" / "math_vs_trl_65m"), args.steps or 6, args.new_tokens)
+        return
+    out = Path(args.out or ROOT / "results" / "math_vs_trl")
+    args.steps = args.steps or 60
 
     import torch
 
