@@ -68,10 +68,9 @@ def _shapes(shape: RenderShapeTriangleMesh, cap: int) -> list[RenderShapeTriangl
     return out
 
 
-def simplify_visual_meshes(scenes: list[Any], cap: int) -> int:
+def simplify_visual_meshes(scenes: list[Any], cap: int) -> None:
     """Replace every untextured visual mesh of ``scenes`` (SAPIEN scenes) that has more than
-    ``cap`` triangles by a simplified one; returns how many meshes were replaced."""
-    replaced = 0
+    ``cap`` triangles by a simplified one."""
     for scene in scenes:
         for entity in scene.entities:
             body = entity.find_component_by_type(RenderBodyComponent)
@@ -93,5 +92,3 @@ def simplify_visual_meshes(scenes: list[Any], cap: int) -> int:
                 new.visibility = body.visibility
                 entity.remove_component(body)
                 entity.add_component(new)
-                replaced += 1
-    return replaced
