@@ -4,13 +4,16 @@ prompts, through the framework's two rollout policies (``VLLMCausalLM.act`` and
 
 Batch of 256 rows as the text env sends them (32 prompts x groups of 8), sampling at
 temperature 1, ``min_new_tokens = max_new_tokens`` so that both sides generate exactly the same
-number of tokens (random weights would otherwise end responses at random). fp32, both on
-``--threads`` CPU threads. Models, random weights, built on the spot:
+number of tokens (random weights would otherwise end responses at random). Both in fp32
+(``--precision bf16``: both in bf16), on ``--threads`` CPU threads. Models, random weights, built
+on the spot:
 
 - ``tiny``: the tiny math model's shape (``policies/tiny_lm.py``: Llama, 2 layers of width 128,
   character vocabulary);
 - ``qwen2_65m``: Qwen2-shaped, 16 layers of width 512, 8 query / 2 key-value heads, MLP 2048,
-  vocabulary 8192 (65M parameters).
+  vocabulary 8192 (65M parameters);
+- ``qwen2_91m``: the same vocabulary, wider and shallower: 10 layers of width 768, 12 query / 2
+  key-value heads, MLP 3072 (91M parameters).
 
 Also measured on each: one weight sync (the actor's full state into the running engine) and
 one sync check (``verify_sync`` on an 8-row probe, the engine's side). With ``--lora``, the
@@ -18,8 +21,15 @@ one sync check (``verify_sync`` on an 8-row probe, the engine's side). With ``--
 against merged weights, and the cost of each per step.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/generation.py [--new-tokens 64] [--repeats 3] [--lora]
+        [--precision bf16] [--compile]
 
-The last line is JSON with ``vllm_vs_hf_tokens_per_s`` per model.
+Each row also has a ceiling: the time this CPU needs for the matrix products of one decode step
+alone (every ``Linear`` of the model, the LM head included, on the batch's 256 rows, timed here
+with ``torch`` on the same threads and dtype), turned into tokens/s. No engine can generate
+faster than that, so ``ceiling_vs_hf`` bounds the ratio any engine could reach over ``generate``
+on this machine; ``vllm_of_ceiling`` is how close vLLM comes.
+
+The last line is JSON with ``vllm_vs_hf_tokens_per_s`` and ``ceiling_vs_hf`` per model.
 """
 
 from __future__ import annotations
@@ -45,7 +55,10 @@ MODELS = {
     "tiny": None,  # policies.tiny_lm.build_model
     "qwen2_65m": dict(vocab_size=8192, hidden_size=512, num_hidden_layers=16, num_attention_heads=8,
                       num_key_value_heads=2, intermediate_size=2048),
+    "qwen2_91m": dict(vocab_size=8192, hidden_size=768, num_hidden_layers=10, num_attention_heads=12,
+                      num_key_value_heads=2, intermediate_size=3072),
 }
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def write_model(name: str, folder: Path) -> int:
@@ -97,6 +110,31 @@ def tokens_per_s(policy, obs: dict, repeats: int) -> float:
     return statistics.median(rates)
 
 
+def ceiling_tokens_per_s(model: torch.nn.Module, rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """Tokens/s if a decode step cost only its matrix products: each distinct ``Linear`` shape
+    timed on ``rows`` inputs, times how often the model has it (attention over the short context,
+    norms and sampling are left out, so the bound is generous)."""
+    counts: dict[tuple[int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            shape = (module.in_features, module.out_features)
+            counts[shape] = counts.get(shape, 0) + 1
+    step_s = sum(count * fastest_product_s(torch.randn(rows, fan_in, dtype=dtype),
+                                           torch.randn(fan_in, fan_out, dtype=dtype), repeats)
+                 for (fan_in, fan_out), count in counts.items())
+    return rows / step_s
+
+
+def fastest_product_s(x: torch.Tensor, w: torch.Tensor, repeats: int) -> float:
+    x @ w  # warm-up
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        x @ w
+        times.append(time.perf_counter() - tic)
+    return min(times)
+
+
 def median_s(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -111,10 +149,11 @@ def measure(name: str, root: Path, args: argparse.Namespace) -> dict:
 
     folder = root / name
     params = write_model(name, folder)
-    cfg = model_cfg(folder, args.new_tokens)
-    rollout = {"enforce_eager": True, "max_running_requests": PROMPTS * GROUP}
+    cfg = model_cfg(folder, args.new_tokens, precision=args.precision)
+    rollout = {"enforce_eager": not args.compile, "max_running_requests": PROMPTS * GROUP}
     torch.set_num_threads(args.threads)
     hf = CausalLMPolicy(cfg)
+    ceiling = ceiling_tokens_per_s(hf.model, PROMPTS * GROUP, DTYPES[args.precision])
     obs = observations(hf.model.config.vocab_size)
     tic = time.perf_counter()
     engine = VLLMCausalLM(cfg, rollout, cpu_threads=args.threads)
@@ -130,11 +169,14 @@ def measure(name: str, root: Path, args: argparse.Namespace) -> dict:
     engine.shutdown()
     row = {"model": name, "params_m": round(params / 1e6, 1), "vllm_tokens_per_s": round(vllm_rate),
            "hf_tokens_per_s": round(hf_rate), "ratio": round(vllm_rate / hf_rate, 2),
+           "ceiling_tokens_per_s": round(ceiling), "ceiling_vs_hf": round(ceiling / hf_rate, 2),
+           "vllm_of_ceiling": round(vllm_rate / ceiling, 2),
            "engine_start_s": round(start_s, 1), "sync_s": round(sync_s, 3), "verify_engine_s": round(verify_s, 3),
            "verify_actor_s": round(actor_probe_s, 3),
            "rollout_s": round(PROMPTS * GROUP * args.new_tokens / vllm_rate, 2)}
     print(f"{name:>10} {row['params_m']:>6}M  vLLM {vllm_rate:8.0f} tok/s  HF {hf_rate:8.0f} tok/s  "
-          f"{row['ratio']:.2f}x  start {start_s:.1f} s  sync {sync_s:.3f} s  check {verify_s:.3f} + "
+          f"{row['ratio']:.2f}x  (ceiling {ceiling:.0f} tok/s: {row['ceiling_vs_hf']:.2f}x HF)  start {start_s:.1f} s  "
+          f"sync {sync_s:.3f} s  check {verify_s:.3f} + "
           f"{actor_probe_s:.3f} s (engine + actor) vs rollout {row['rollout_s']} s", flush=True)
     return row
 
@@ -206,6 +248,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--precision", choices=list(DTYPES), default="fp32", help="both engines' dtype")
+    parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager false (compiled graphs)")
     parser.add_argument("--lora", action="store_true", help="also vLLM's LoRA against merged weights (65M model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,8 +257,10 @@ def main() -> None:
         lora = measure_lora(Path(tmp), args) if args.lora else None
     print(json.dumps({
         "benchmark": "generation", "batch": PROMPTS * GROUP, "new_tokens": args.new_tokens, "threads": args.threads,
+        "precision": args.precision, "vllm_compiled": args.compile,
         "rows": rows, "lora": lora,
         "vllm_vs_hf_tokens_per_s": {row["model"]: row["ratio"] for row in rows},
+        "ceiling_vs_hf": {row["model"]: row["ceiling_vs_hf"] for row in rows},
     }))
 
 
