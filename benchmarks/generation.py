@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policies.causal_lm import CausalLMPolicy  # noqa: E402
 from policies.engines.probe import ProbeBatch  # noqa: E402
 from policies.tiny_lm import build_model, train_tokenizer  # noqa: E402
+from policies.weights import DTYPES  # noqa: E402
 
 PROMPTS, GROUP, PROMPT_TOKENS = 32, 8, 16
 MODELS = {
@@ -58,7 +60,6 @@ MODELS = {
     "qwen2_91m": dict(vocab_size=8192, hidden_size=768, num_hidden_layers=10, num_attention_heads=12,
                       num_key_value_heads=2, intermediate_size=3072),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def write_model(name: str, folder: Path) -> int:
@@ -114,11 +115,7 @@ def ceiling_tokens_per_s(model: torch.nn.Module, rows: int, dtype: torch.dtype, 
     """Tokens/s if a decode step cost only its matrix products: each distinct ``Linear`` shape
     timed on ``rows`` inputs, times how often the model has it (attention over the short context,
     norms and sampling are left out, so the bound is generous)."""
-    counts: dict[tuple[int, int], int] = {}
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            shape = (module.in_features, module.out_features)
-            counts[shape] = counts.get(shape, 0) + 1
+    counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear))
     step_s = sum(count * fastest_product_s(torch.randn(rows, fan_in, dtype=dtype),
                                            torch.randn(fan_in, fan_out, dtype=dtype), repeats)
                  for (fan_in, fan_out), count in counts.items())
@@ -248,7 +245,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--precision", choices=list(DTYPES), default="fp32", help="both engines' dtype")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="both engines' dtype")
     parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager false (compiled graphs)")
     parser.add_argument("--lora", action="store_true", help="also vLLM's LoRA against merged weights (65M model)")
     args = parser.parse_args()

@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PROMPTS, GROUP, NEW_TOKENS, LR = 32, 8, 4, 1e-3  # NEW_TOKENS: the tiny model's
+PROMPT_TOKENS = 8  # data.max_prompt_length: the arithmetic prompts, left-padded
 # our two generation backends (each rollout rank holds an engine of one thread)
 ENGINES = {"vllm": ["rollout.backend=vllm", f"rollout.max_running_requests={PROMPTS * GROUP // 4}"],
            "huggingface": []}
@@ -159,7 +160,8 @@ def run_ours(model_dir: Path, data_dir: Path, out: Path, steps: int, name: str, 
                f"data.val_data_paths=[{data_dir / 'test.jsonl'}]", f"runner.output_dir={out}",
                f"runner.experiment_name={name}", f"runner.max_epochs={steps}", f"runner.val_check_interval={steps}",
                "runner.val_before_train=false", f"data.rollout_batch_size={PROMPTS}", f"algorithm.group_size={GROUP}",
-               f"runner.seq_length={8 + new_tokens}", "data.max_prompt_length=8", f"actor.optim.lr={LR}",
+               f"runner.seq_length={PROMPT_TOKENS + new_tokens}", f"data.max_prompt_length={PROMPT_TOKENS}",
+               f"actor.optim.lr={LR}",
                "actor.lr_sched.lr_decay_style=constant", f"actor.global_batch_size={PROMPTS * GROUP}",
                "algorithm.update_epochs=1", "algorithm.kl_beta=0", "algorithm.loss_agg_func=token-mean",
                "algorithm.sampling_params.temperature=1.0", "reward.reward_scale=1.0",
@@ -187,7 +189,7 @@ def floor_at_65m(model_dir: Path, new_tokens: int, micro_batch: int = 32, repeat
 
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    rows, prompt = PROMPTS * GROUP, 8
+    rows, prompt = PROMPTS * GROUP, PROMPT_TOKENS
     sample_s = rows * new_tokens / ceiling_tokens_per_s(model, rows, torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5)
     ids = torch.randint(2, model.config.vocab_size, (rows, prompt + new_tokens), generator=torch.Generator().manual_seed(0))
