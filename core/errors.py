@@ -26,3 +26,16 @@ class DataError(EnvSetupError):
 def expected(key: str, value: Any, what: str) -> ConfigError:
     """``<key> = <value>: expected <what>``, the shape of every rule's message."""
     return ConfigError(f"{key} = {value!r}: expected {what}")
+
+
+class ProcessDied(RuntimeError):
+    """Not a user's mistake: a process that a worker runs (an env worker's simulator process) is
+    gone. The worker raises it so that the runner treats the worker as dead, as when its own
+    process dies (``signal``: the signal that killed it, e.g. ``SIGKILL``, when one did)."""
+
+    def __init__(self, message: str, signal: str | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal
+
+    def __reduce__(self):  # Ray pickles it from the worker to the driver
+        return ProcessDied, (str(self), self.signal)

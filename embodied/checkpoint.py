@@ -3,7 +3,10 @@
 A step is written into ``global_step_<N>.partial`` by whoever owns the state (the driver, each
 actor rank) and becomes ``global_step_<N>`` by one atomic rename once everyone has finished, so
 a run killed mid-write leaves nothing that ``latest`` would pick. Each step carries the resolved
-config of its run (``config.yaml``), so that evaluating or exporting it needs only its path.
+config of its run (``config.yaml``), so that evaluating or exporting it needs only its path, and
+the size of every file it holds (``files`` in ``trainer_state.json``), so that a step damaged after
+its rename (a file truncated or removed) is never resumed from: ``latest`` passes over it and
+``resolve`` names the file.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ def commit(root: str | Path, step: int, trainer_state: dict[str, Any], keep: int
     atomically, drop the oldest beyond ``keep``."""
     root = Path(root)
     partial = root / f"global_step_{step}.partial"
-    _write_json(partial / TRAINER_STATE, {"step": step, **trainer_state})
     if config is not None:
         (partial / CONFIG_FILE).write_text(config)
+    files = {str(f.relative_to(partial)): f.stat().st_size for f in sorted(partial.rglob("*")) if f.is_file()}
+    _write_json(partial / TRAINER_STATE, {"step": step, **trainer_state, "files": files})
     _fsync_tree(partial)
     final = root / f"global_step_{step}"
     if final.exists():
@@ -74,15 +78,43 @@ def list_checkpoints(root: str | Path) -> list[Path]:
 
 
 def latest(root: str | Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+    """The newest complete checkpoint under ``root`` whose files are all there, whole."""
+    for folder in reversed(list_checkpoints(root)):
+        if damage(folder) is None:
+            return folder
+    return None
+
+
+def damage(step_dir: Path) -> str | None:
+    """What is wrong with a committed step's files (missing or of another size than written),
+    or None when they are whole. Steps written before the sizes were recorded pass."""
+    try:
+        files = read_trainer_state(step_dir).get("files", {})
+    except (OSError, ValueError) as err:
+        return f"{step_dir / TRAINER_STATE} is unreadable ({err})"
+    for name, size in files.items():
+        file = step_dir / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if file.stat().st_size != size:
+            return f"{file} holds {file.stat().st_size} bytes, {size} were written"
+    return None
 
 
 def resolve(path: str | Path, key: str) -> Path:
-    """A checkpoint named by the user: a step folder, or a folder of steps (the latest wins).
-    ``key`` names the config key in the error."""
+    """A checkpoint named by the user: a step folder, or a folder of steps (the latest whole one
+    wins). ``key`` names the config key in the error (a ``FileNotFoundError`` when nothing is
+    there, a ``CheckpointError`` for a step that is incomplete or damaged)."""
     path = Path(path)
+    if path.name.endswith(".partial"):
+        newest = latest(path.parent)
+        raise CheckpointError(
+            f"{key}={str(path)!r} is a checkpoint whose writing never finished (the run stopped while "
+            f"saving it), so it is not resumed from; the latest complete one there is {newest}")
     if (path / TRAINER_STATE).is_file():
+        if (why := damage(path)) is not None:
+            raise CheckpointError(f"{key}={str(path)!r} is damaged: {why}; the latest whole one "
+                                  f"beside it is {latest(path.parent)}")
         return path
     newest = latest(path)
     if newest is None:

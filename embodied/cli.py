@@ -150,6 +150,9 @@ def _main(argv: Sequence[str] | None, prog: str, extra: Sequence[str] = (), eval
     except (WorkerError, CheckpointWriteError) as err:
         print(f"{prog}: {' '.join(str(err).split())}", file=sys.stderr)  # one line, group and rank first
         return 1
+    except ConfigError as err:  # found only once running (runner.save_interval_minutes)
+        print(f"{prog}: config error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -8,6 +8,9 @@ demonstrations they hold and update -> log -> maybe checkpoint -> maybe validate
 episodes in the simulator, as for RL).
 
 Where each piece runs is the workers' business; this file only says what happens in what order.
+A worker process that dies is not the end of a run (``run``): every group is started again and
+the run resumes from its last checkpoint, up to ``runner.max_restarts`` times; checkpoints come
+every ``runner.save_interval`` steps and every ``runner.save_interval_minutes``, whichever is first.
 Collocated roles take turns on the devices: each phase starts by naming the roles it runs
 (``_turn``), and a role with ``enable_offload`` frees its memory while it idles (env workers
 close their simulators and rebuild them for the next rollout, continuing the episode numbering).
@@ -17,16 +20,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from tqdm import tqdm
 
+from core.errors import ConfigError
 from core.shm import sweep_dead_segments
-from embodied import checkpoint, demonstrations
+from embodied import checkpoint, crash_report, demonstrations
 from embodied.algorithms import POLICY_LOSSES
 from embodied.backends import replicas
 from embodied.channel import Channel
@@ -41,40 +46,36 @@ from embodied.workers.env import EnvWorker
 from embodied.workers.rollout import RolloutWorker, replay_pieces
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train",
-               "runner.save_interval", "runner.resume_dir", "runner.max_ckpts_to_keep", "runner.only_eval",
+CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train", "runner.save_interval_minutes",
+               "runner.max_restarts", "runner.save_interval", "runner.resume_dir", "runner.max_ckpts_to_keep", "runner.only_eval",
                "runner.ckpt_path", "algorithm.rollout_epoch", "algorithm.staleness_threshold", "data.val_pass_k",
                "env.group_name", "env.channel.name", "env.enable_offload", "rollout.group_name",
                "rollout.enable_offload", "actor.group_name", "actor.enable_offload")
 
 
 class Runner:
-    def __init__(self, cfg: DictConfig, plan: PlacementPlan):
+    def __init__(self, cfg: DictConfig, plan: PlacementPlan, cluster: Cluster | None = None):
+        """Start the worker groups on ``cluster`` (without one, on a cluster of its own that
+        ``close`` shuts down)."""
         self.imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
         if self.imitation:  # SFT: every worker builds the model as prepared for the demonstrations
             cfg = demonstrations.prepare(cfg)
         self.cfg, self.plan = cfg, plan
         self.start = time.monotonic()
-        self.cluster = Cluster.from_config(cfg.cluster)
+        self.owns_cluster = cluster is None
+        self.cluster = Cluster.from_config(cfg.cluster) if cluster is None else cluster
         self.channel = Channel.create(cfg.env.channel.name, maxsize=queue_bounds(cfg))
-        env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
-        self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env",
-                                      name=cfg.env.group_name, args=(cfg, self.channel))
-        self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",
-                                          name=cfg.rollout.group_name,
-                                          args=(cfg, self.channel, env_ranks, actor_ranks))
-        self.actor = None
-        if not cfg.runner.only_eval:
-            self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor",
-                                            name=cfg.actor.group_name, args=(cfg, self.channel))
-        for group in (self.env, self.rollout, self.actor):
-            if group is not None:
-                print(group.describe(), flush=True)
+        self.env = self.rollout = self.actor = None
+        try:
+            self._launch(cfg, plan)
+        except BaseException:
+            self.close()
+            raise
         chunks = cfg.actor.model.num_action_chunks
         self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
         self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
         if self.actor is not None:  # an evaluation reads nothing of env.train (validate.py checks none of it)
-            rollout_ranks, groups = plan.world_size("rollout"), actor_ranks // replicas(cfg)
+            rollout_ranks, groups = plan.world_size("rollout"), plan.world_size("actor") // replicas(cfg)
             pieces = replay_pieces(rollout_ranks, groups, cfg.env.train.total_num_envs // rollout_ranks)
             self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(groups))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
@@ -86,8 +87,27 @@ class Runner:
         self.sync_check: GroupCall | None = None  # the check of a sync in flight
         self.in_flight: deque = deque()  # rollouts started ahead of their step (staleness_threshold)
         self.step, self.env_steps = 0, 0
+        self.done_step = 0  # the last step whose update finished (a crash loses those after its checkpoint)
         self.version = 0  # updates the actor's weights have had
         self.last_step = training_steps(cfg.runner)
+        self.last_save = time.monotonic()
+
+    def _launch(self, cfg: DictConfig, plan: PlacementPlan) -> None:
+        """The env, rollout and (to train) actor groups; each rank writes a crash report into
+        the run's log folder if it dies of a signal."""
+        crashes = str(Path(cfg.runner.logger.log_path) / crash_report.FOLDER)
+        env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
+        self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env", name=cfg.env.group_name,
+                                      args=(cfg, self.channel), crash_dir=crashes)
+        self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",
+                                          name=cfg.rollout.group_name, crash_dir=crashes,
+                                          args=(cfg, self.channel, env_ranks, actor_ranks))
+        if not cfg.runner.only_eval:
+            self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor", name=cfg.actor.group_name,
+                                            args=(cfg, self.channel), crash_dir=crashes)
+        for group in (self.env, self.rollout, self.actor):
+            if group is not None:
+                print(group.describe(), flush=True)
 
     # ---------------------------------------------------------------- training
     def fit(self) -> dict[str, Any]:
@@ -114,7 +134,8 @@ class Runner:
                     summary["eval_success"] = metrics["eval/success_once"]
                     summary |= _pass_at_k(metrics, self.cfg.data.val_pass_k)
                 self.logger.log(metrics, self.step)
-                if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
+                self.done_step = self.step
+                if self._save_due():
                     self.save()
                 bar.update(1)
                 if self.imitation:
@@ -127,6 +148,15 @@ class Runner:
         if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
             self.save()  # the final weights are always kept
         return summary | self._totals()
+
+    def _save_due(self) -> bool:
+        """Every ``save_interval`` steps, and once ``save_interval_minutes`` have passed since the
+        last checkpoint (or the start)."""
+        cfg = self.cfg.runner
+        if cfg.save_interval > 0 and self.step % cfg.save_interval == 0:
+            return True
+        minutes = cfg.save_interval_minutes
+        return minutes is not None and time.monotonic() - self.last_save >= minutes * 60
 
     def train_step(self) -> dict[str, float]:
         """One step of the algorithm: RL's rollout and update, or SFT's update on demonstrations."""
@@ -286,6 +316,7 @@ class Runner:
     def save(self) -> Path:
         """Actor weights and optimizer, step, env steps, every env's next episode number, and
         the run's resolved config (what ``embodied-eval`` and ``embodied-export`` read back)."""
+        tic = time.monotonic()
         self._turn(self.actor)  # an actor offloaded for an eval gathers its state on its devices
         per_rank = self.env.execute("episode_state").wait()
         episodes = {split: [n for rank in per_rank for n in rank[split]] for split in per_rank[0]}
@@ -293,9 +324,9 @@ class Runner:
         try:
             folder = checkpoint.partial_dir(self.ckpt_root, self.step)
             self.actor.execute("save", str(folder)).wait()
-            return checkpoint.commit(self.ckpt_root, self.step,
-                                     {"env_steps": self.env_steps, "next_episodes": episodes},
-                                     keep=self.cfg.runner.max_ckpts_to_keep, config=OmegaConf.to_yaml(self.cfg))
+            final = checkpoint.commit(self.ckpt_root, self.step,
+                                      {"env_steps": self.env_steps, "next_episodes": episodes},
+                                      keep=self.cfg.runner.max_ckpts_to_keep, config=OmegaConf.to_yaml(self.cfg))
         except (OSError, WorkerError) as err:  # a full disk, a lost mount: stop with the last one intact
             shutil.rmtree(folder, ignore_errors=True)
             if isinstance(err, WorkerError) and err.died:  # a lost worker is the news, not the folder
@@ -306,6 +337,14 @@ class Runner:
                 f"checkpoint of step {self.step} not written ({why}); {free:.1f} MB free in "
                 f"{self.ckpt_root}; the latest checkpoint is still {checkpoint.latest(self.ckpt_root)}"
             ) from err
+        self.last_save = time.monotonic()
+        took, minutes = self.last_save - tic, self.cfg.runner.save_interval_minutes
+        if minutes is not None and took >= minutes * 60:  # it would checkpoint after every step
+            raise ConfigError(
+                f"runner.save_interval_minutes = {minutes}: one checkpoint takes {took:.1f} s here, longer "
+                f"than the cadence; set it above {took / 60:.2f} (or null to checkpoint by runner.save_interval "
+                f"alone). {final} is complete: add runner.resume_dir=auto to go on from it")
+        return final
 
     def _maybe_resume(self) -> None:
         """Continue from a checkpoint as the run that wrote it would have gone on: rollouts and
@@ -347,12 +386,14 @@ class Runner:
         return {"env_steps": self.env_steps, "wall_s": round(time.monotonic() - self.start, 1)}
 
     def close(self) -> None:
-        self.logger.close()
+        if hasattr(self, "logger"):
+            self.logger.close()
         for group in (self.actor, self.rollout, self.env):
             if group is not None:
                 group.shutdown()
         self.channel.close()
-        self.cluster.shutdown()
+        if self.owns_cluster:
+            self.cluster.shutdown()
         sweep_dead_segments()  # shared memory of killed workers (their processes are gone now)
 
 
@@ -432,12 +473,61 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run(cfg: DictConfig, plan: PlacementPlan) -> dict[str, Any]:
-    """Train (or with ``runner.only_eval`` evaluate) and return the figures of the final JSON line."""
-    runner = Runner(cfg, plan)
+    """Train (or with ``runner.only_eval`` evaluate) and return the figures of the final JSON line.
+    A worker that dies in training (``WorkerError.died``; one that raised is a bug, not a crash)
+    brings every group down and up again on the same Ray cluster, resuming from the run's last
+    checkpoint, up to ``runner.max_restarts`` times, unless it died during the same step as
+    before the last restart (that crash repeats: a restart would only repeat it)."""
+    cluster = Cluster.from_config(cfg.cluster)
+    restarts: list[dict[str, Any]] = []
     try:
-        return runner.evaluate_checkpoint() if cfg.runner.only_eval else runner.fit()
+        while True:
+            runner = Runner(cfg, plan, cluster)
+            try:
+                if cfg.runner.only_eval:
+                    return runner.evaluate_checkpoint()
+                return runner.fit() | ({"restarts": len(restarts)} if restarts else {})
+            except WorkerError as err:
+                if not err.died or cfg.runner.only_eval:
+                    raise
+                cfg = _restart(cfg, runner, err, restarts)
+            finally:
+                runner.close()
     finally:
-        runner.close()
+        cluster.shutdown()
+
+
+def _restart(cfg: DictConfig, runner: Runner, err: WorkerError, restarts: list[dict[str, Any]]) -> DictConfig:
+    """Say what died and what is lost; the config that resumes from the last checkpoint, or the
+    error again when no restart is left or the same step died twice."""
+    signal = err.signal or "no crash report: SIGKILL (kill -9, the OOM killer) or an exit"
+    report = f"; backtraces in {err.report}" if err.report else ""
+    what = f"{' '.join(str(err).split())} [{signal}{report}]"  # one line: Ray's own messages span several
+    if len(restarts) >= cfg.runner.max_restarts:
+        left = f"; no restart left (runner.max_restarts = {cfg.runner.max_restarts})" if restarts else ""
+        err.args = (what + left,)
+        raise err
+    if restarts and restarts[-1]["step"] == runner.step:
+        err.args = (f"{what}; step {runner.step} died again after a restart, so the crash repeats: "
+                    f"stopping after {len(restarts)} restart(s)",)
+        raise err
+    last = checkpoint.latest(runner.ckpt_root)
+    saved = checkpoint.read_trainer_state(last)["step"] if last else 0
+    restarts.append({"step": runner.step, "group": err.group, "rank": err.rank, "signal": err.signal,
+                     "report": err.report, "lost_steps": max(runner.done_step - saved, 0),
+                     "resumed_from": str(last) if last else None, "error": str(err)})
+    with open(Path(cfg.runner.logger.log_path) / "restarts.jsonl", "a") as log:  # beside the metrics
+        log.write(json.dumps(restarts[-1]) + "\n")
+    tqdm.write(f"restart {len(restarts)} of {cfg.runner.max_restarts}: {what} during step {runner.step}; "
+               f"{restarts[-1]['lost_steps']} finished step(s) lost, resuming from "
+               f"{last or 'the start'}", file=sys.stderr)
+    if last is None:  # nothing saved yet: the run starts as it first did
+        return cfg
+    cfg = cfg.copy()
+    with read_write(cfg), open_dict(cfg):
+        cfg.runner.resume_dir = str(last)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 def print_result(result: dict[str, Any]) -> None:

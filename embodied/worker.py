@@ -18,6 +18,11 @@ the wait within seconds with a ``WorkerError`` naming group, rank and node (``En
 node 1 (10.0.0.2) died: ...``); a whole node lost ends it the same way. Shutting a group down
 waits for its processes to exit, so that the shared memory they could not release (killed,
 not closed) can be swept (``core.shm.sweep_dead_segments``).
+
+Crash reports: with ``crash_dir`` each rank writes its backtraces there when it dies of a fatal
+signal (``embodied.crash_report``), and the error of a rank that died names its signal and its
+report. A rank whose process depends on another (an env worker's simulator process) reports that
+process's death as ``core.errors.ProcessDied``, which counts as the rank's death.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ import socket
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
+from core.errors import ProcessDied
+from embodied import crash_report
 from embodied.cluster import Cluster
 from embodied.placement import Device, PlacementPlan
 
@@ -42,12 +50,15 @@ LOST_PEER_GRACE_S = 10.0
 
 
 class WorkerError(RuntimeError):
-    """A rank of a worker group raised or died (``died``: its process is gone)."""
+    """A rank of a worker group raised or died (``died``: its process, or one it depends on, is
+    gone; ``signal``: what killed it, when known; ``report``: its crash report, when it wrote one)."""
 
     def __init__(self, group: str, rank: int, what: str, node: str = "") -> None:
         super().__init__(f"{group} rank {rank}{f' on {node}' if node else ''} {what}")
         self.group, self.rank, self.node = group, rank, node
         self.died = False
+        self.signal: str | None = None
+        self.report: str | None = None
 
 
 class Worker:
@@ -85,9 +96,11 @@ class _Host:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def construct(self, cls: type, identity: dict, env: dict, args: tuple, kwargs: dict
-                  ) -> tuple[str, int]:
+    def construct(self, cls: type, identity: dict, env: dict, args: tuple, kwargs: dict,
+                  crash_dir: str | None) -> tuple[str, int]:
         """Build the worker; returns this process's host name and pid (for cleanup after it)."""
+        if crash_dir is not None:
+            crash_report.enable(crash_dir, identity["group_name"], identity["rank"])
         os.environ.update(env)
         gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
         if identity["accelerator"] == "gpu":
@@ -179,6 +192,11 @@ class GroupCall:
             del self._pending[ref]
         except RayTaskError as err:  # before RayActorError: Ray makes it a subclass of its cause
             cause = err.cause if getattr(err, "cause", None) is not None else err
+            if isinstance(cause, ProcessDied):  # a process the rank runs (a simulator's) is gone
+                error = self.group._error_of(rank, f"died: {cause}")
+                error.signal = cause.signal
+                self.group._mark_dead(error)
+                self._fail(error, err)
             if isinstance(cause, RayActorError):
                 # the rank lost another worker it was calling, typically one on a node that went
                 # down: that worker's death, not this rank's error, is what the user must see
@@ -190,7 +208,7 @@ class GroupCall:
             self._fail(self.group._error_of(rank, f"could not be reached during {self.method}(): {err}"), err)
         except RayActorError as err:
             error = self.group._error_of(rank, f"died during {self.method}(): {err}")
-            self.group._mark_dead(error)
+            self.group._mark_dead(error, rank)
             self._fail(error, err)
         except RayError as err:
             self._fail(self.group._error_of(rank, f"failed in {self.method}(): {err}"), err)
@@ -215,6 +233,7 @@ class WorkerGroup:
         devices: tuple[Device, ...],
         hosts: list,
         cluster: Cluster,
+        crash_dir: str | None = None,
     ) -> None:
         self.name = name
         self.component = component
@@ -226,6 +245,7 @@ class WorkerGroup:
         self._watches: dict[ray.ObjectRef, int] = {}
         self._error: WorkerError | None = None
         self._processes: list[tuple[str, int]] = []  # (host name, pid) of each rank
+        self._crash_dir = crash_dir
 
     @classmethod
     def launch(
@@ -237,16 +257,18 @@ class WorkerGroup:
         name: str | None = None,
         args: tuple = (),
         kwargs: dict | None = None,
+        crash_dir: str | None = None,
     ) -> WorkerGroup:
         """Start one ``worker_cls(*args, **kwargs)`` per device that ``plan`` gives ``component``;
-        returns once every rank's ``__init__`` has finished (WorkerError if one raised)."""
+        returns once every rank's ``__init__`` has finished (WorkerError if one raised). With
+        ``crash_dir`` each rank leaves its backtraces there if it dies of a signal."""
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(f"{worker_cls!r} is not a subclass of embodied.worker.Worker")
         name = name or component
         devices = plan.devices(component)
         options = cluster.claim(name, plan, component)
         hosts = [_Host.options(**opt).remote(name, rank) for rank, opt in enumerate(options)]
-        group = cls(name, component, worker_cls, devices, hosts, cluster)
+        group = cls(name, component, worker_cls, devices, hosts, cluster, crash_dir)
         try:
             ip, port = GroupCall(group, "start", [hosts[0].address.remote()]).wait(START_TIMEOUT_S)[0]
             group._watches = {host.watch.remote(): rank for rank, host in enumerate(hosts)}
@@ -266,7 +288,7 @@ class WorkerGroup:
                     group_name=name, rank=rank, world_size=len(devices), device=device,
                     accelerator=plan.accelerator,
                 )
-                refs.append(host.construct.remote(worker_cls, identity, env, args, kwargs or {}))
+                refs.append(host.construct.remote(worker_cls, identity, env, args, kwargs or {}, crash_dir))
             group._processes = GroupCall(group, "__init__", refs).wait()
         except BaseException:
             group.shutdown()
@@ -307,6 +329,9 @@ class WorkerGroup:
         # a killed rank cannot clean up after itself: once its process is gone, whatever shared
         # memory it made is swept (core.shm.sweep_dead_segments)
         _wait_for_exit([pid for host, pid in self._processes if host == socket.gethostname()])
+        for rank in range(len(self._processes)):
+            if (report := self._report(rank)) is not None:
+                crash_report.remove_if_empty(report)
         self._processes = []
 
     def describe(self) -> str:
@@ -322,17 +347,32 @@ class WorkerGroup:
             detail = "its process exited"
         except RayError as err:
             detail = str(err)
-        self._mark_dead(self._error_of(rank, f"died: {detail}"))
+        self._mark_dead(self._error_of(rank, f"died: {detail}"), rank)
         raise self._error
 
     def _error_of(self, rank: int, what: str) -> WorkerError:
         """The error of ``rank``, naming the node it ran on (index and address)."""
         return WorkerError(self.name, rank, what, self._cluster.node_label(self.devices[rank].node))
 
-    def _mark_dead(self, error: WorkerError) -> None:
+    def _mark_dead(self, error: WorkerError, rank: int | None = None) -> None:
+        """The group is dead; ``rank``'s process is gone, and its crash report, if it wrote one,
+        names the signal."""
         error.died = True
+        if rank is not None and (report := self._report(rank)) is not None:
+            error.signal = crash_report.signal_of(report)
+            if error.signal is not None:
+                error.report = str(report)
         self._error = error
         _LIVE_GROUPS.discard(self)
+
+    def _report(self, rank: int) -> Path | None:
+        """Where ``rank`` writes its crash report (None without ``crash_dir``, or on another host)."""
+        if self._crash_dir is None or rank >= len(self._processes):
+            return None
+        host, pid = self._processes[rank]
+        if host != socket.gethostname():
+            return None
+        return crash_report.report_path(self._crash_dir, self.name, rank, pid)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.worker_cls.__name__}, world_size={self.world_size})"

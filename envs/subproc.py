@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import pickle
 import secrets
+import signal
 import sys
 import traceback
 import weakref
@@ -33,7 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from core.errors import EnvSetupError
+from core.errors import EnvSetupError, ProcessDied
 from core.shm import creator_prefix
 from envs.protocol import STEP_FRAMES, video_keys
 
@@ -266,7 +267,7 @@ class SubprocVectorEnv:
         for i, block in enumerate(self._blocks):
             pairs = [(j, state[e]) for j, e in enumerate(block.tolist()) if e in state]
             if pairs:
-                self._res.conns[i].send_bytes(RESET + np.array(pairs, np.int64).tobytes())
+                self._send(i, RESET + np.array(pairs, np.int64).tobytes())
                 busy.append((i, [int(block[j]) for j, _ in pairs]))
         for i, envs in busy:
             for e, text in zip(envs, self._recv(i).decode().split("\0")):
@@ -276,8 +277,8 @@ class SubprocVectorEnv:
     def step_chunk(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
                                                         np.ndarray, np.ndarray]:
         actions = np.ascontiguousarray(actions, np.float32)
-        for conn, block in zip(self._res.conns, self._blocks):
-            conn.send_bytes(CHUNK + actions[block[0]:block[-1] + 1].tobytes())
+        for i, block in enumerate(self._blocks):
+            self._send(i, CHUNK + actions[block[0]:block[-1] + 1].tobytes())
         chunk = actions.shape[1]
         parsed = [_parse(self._recv(i), len(block), chunk, self._frames) for i, block in enumerate(self._blocks)]
         per_env = np.concatenate([scalars for scalars, _ in parsed])
@@ -294,6 +295,12 @@ class SubprocVectorEnv:
     def _copy_obs(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._obs.items()}
 
+    def _send(self, i: int, msg: bytes) -> None:
+        try:
+            self._res.conns[i].send_bytes(msg)
+        except OSError:  # a broken pipe: the process is gone
+            self._died(i)
+
     def _recv(self, i: int) -> bytes:
         try:
             msg = self._res.conns[i].recv_bytes()
@@ -309,8 +316,10 @@ class SubprocVectorEnv:
     def _died(self, i: int) -> None:
         proc = self._res.procs[i]
         proc.join(timeout=5)
-        raise RuntimeError(f"env process {i} (pid {proc.pid}) died "
-                           f"(exit code {proc.exitcode})") from None
+        code = proc.exitcode
+        killed = signal.Signals(-code).name if code is not None and code < 0 else None
+        raise ProcessDied(f"env process {i} (pid {proc.pid}) died "
+                          f"({f'of {killed}' if killed else f'exit code {code}'})", killed) from None
 
 
 class InProcessEnv:

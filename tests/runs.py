@@ -64,12 +64,13 @@ class Run:
             assert time.monotonic() < deadline, "timed out"
             time.sleep(0.1)
 
-    def pids(self, group: str) -> list[tuple[int, int]]:
-        """(pid, node) of each rank of ``group``, from the lines the runner prints at launch."""
-        for line in self.stdout.read_text().splitlines():
-            if line.startswith(f"{group}: "):
-                return [(int(pid), int(node)) for _, pid, node in PIDS.findall(line)]
-        return []
+    def pids(self, group: str, launch: int = 0) -> list[tuple[int, int]]:
+        """(pid, node) of each rank of ``group``, from the line the runner prints at its
+        ``launch``-th start (0: the first; a restart starts every group again)."""
+        lines = [line for line in self.stdout.read_text().splitlines() if line.startswith(f"{group}: ")]
+        if len(lines) <= launch:
+            return []
+        return [(int(pid), int(node)) for _, pid, node in PIDS.findall(lines[launch])]
 
     def finish(self, timeout: float = 120) -> tuple[int, str]:
         try:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import CheckpointError
 from embodied import checkpoint
 
 
@@ -27,7 +28,8 @@ def test_committed_steps_are_listed_in_order_and_read_back(tmp_path):
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "global_step_2", "global_step_4", "global_step_10"]
     newest = checkpoint.latest(tmp_path)
-    assert checkpoint.read_trainer_state(newest) == {"step": 10, "env_steps": 1000}
+    assert checkpoint.read_trainer_state(newest) == {
+        "step": 10, "env_steps": 1000, "files": {"model.pt": (newest / "model.pt").stat().st_size}}
     assert torch.load(newest / "model.pt")["w"].tolist() == [10.0, 10.0, 10.0]
 
 
@@ -50,6 +52,29 @@ def test_resolve_accepts_a_step_or_its_parent_and_names_the_key(tmp_path):
     assert checkpoint.resolve(tmp_path, "runner.ckpt_path") == step
     with pytest.raises(FileNotFoundError, match="runner.resume_dir='.*empty': no complete checkpoint"):
         checkpoint.resolve(tmp_path / "empty", "runner.resume_dir")
+
+
+def test_a_half_written_or_damaged_checkpoint_is_never_resumed_from(tmp_path):
+    """A ``.partial`` folder named by the user (a crash while saving, even after its trainer state
+    was written) and a committed step whose file was truncated or removed afterwards are refused
+    naming the folder or file; ``latest`` falls back to the newest whole step."""
+    good = _save(tmp_path, 3)
+    partial = checkpoint.partial_dir(tmp_path, 7)
+    (partial / "trainer_state.json").write_text('{"step": 7}')
+    with pytest.raises(CheckpointError, match=r"runner.resume_dir='.*global_step_7.partial' is a checkpoint "
+                                              r"whose writing never finished.*global_step_3"):
+        checkpoint.resolve(partial, "runner.resume_dir")
+    damaged = _save(tmp_path, 5)
+    with open(damaged / "model.pt", "r+b") as f:
+        f.truncate(10)
+    assert checkpoint.latest(tmp_path) == good
+    assert checkpoint.resolve(tmp_path, "runner.resume_dir") == good
+    with pytest.raises(CheckpointError, match=r"global_step_5' is damaged: .*model.pt holds 10 bytes, \d+ were "
+                                              r"written; the latest whole one beside it is .*global_step_3"):
+        checkpoint.resolve(damaged, "runner.resume_dir")
+    (damaged / "model.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"model.pt is missing"):
+        checkpoint.resolve(damaged, "runner.ckpt_path")
 
 
 def test_rng_state_round_trip_reproduces_draws():

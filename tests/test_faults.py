@@ -1,5 +1,7 @@
-"""Faults that lose nothing: a worker of each kind killed with SIGKILL mid-step ends the run
-within 30 s with one line naming group, rank and node; the run leaves no shared memory (the
+"""Faults that lose nothing. A run outlives workers that die: it restarts its groups and goes on
+from its last checkpoint, and a worker that died of a signal leaves its backtraces in the log
+folder. Without restarts (``runner.max_restarts=0``) a worker of each kind killed with SIGKILL
+mid-step ends the run within 30 s with one line naming group, rank and node; the run leaves no shared memory (the
 suite's conftest checks /dev/shm after every test); the last checkpoint loads; and
 ``runner.resume_dir=auto`` goes on from it. The runs overlap rollout and update
 (``algorithm.staleness_threshold=1``), so every kill lands mid-overlap, with one side possibly
@@ -12,11 +14,16 @@ import json
 import os
 import signal
 import time
+from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from embodied import checkpoint
+from embodied.runner import _restart
+from embodied.worker import WorkerError
 from tests.runs import Run, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -45,7 +52,7 @@ def test_killed_env_rollout_and_actor_workers_end_the_run_and_resume_continues(t
     """One run after the other, each resuming the last one's checkpoint: kill an env worker,
     then a rollout worker, then an actor rank; a last run finishes two more steps."""
     args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.resume_dir=auto",
-                                               "algorithm.staleness_threshold=1",
+                                               "runner.max_restarts=0", "algorithm.staleness_threshold=1",
                                                "algorithm.loss_type=decoupled_actor_critic"]
     ckpts = tmp_path / "tiny" / "checkpoints"
     step = 0
@@ -63,3 +70,101 @@ def test_killed_env_rollout_and_actor_workers_end_the_run_and_resume_continues(t
     result = json.loads(run.stdout.read_text().strip().splitlines()[-1])
     assert result["env_steps"] == (step + 2) * 2 * 10
     assert checkpoint.latest(ckpts).name == f"global_step_{step + 2}"
+
+
+def simulator_processes(env_worker_pid: int) -> list[psutil.Process]:
+    """The env worker's simulator processes (children of its forkserver)."""
+    return [p for child in psutil.Process(env_worker_pid).children()
+            if "forkserver" in " ".join(child.cmdline()) for p in child.children()]
+
+
+def logged_steps(log_dir) -> list[int]:
+    """The steps that ``train/env_steps`` was logged at, over every event file of the run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for events in sorted(log_dir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "train/env_steps" in acc.Tags()["scalars"]:
+            steps += [e.step for e in acc.Scalars("train/env_steps")]
+    return sorted(steps)
+
+
+def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_path):
+    """A simulator process of the env worker is SIGKILLed (as the OOM killer would), later an
+    actor rank gets SIGABRT (what glibc's abort on heap corruption raises). Each time every group
+    restarts and resumes from the last checkpoint; the run finishes all its steps, each step's
+    metrics logged, those after a checkpoint again from the step after it. The aborted rank leaves
+    gdb's native backtraces and Python's stacks of all its threads in ``crashes/``; workers that
+    ended normally leave no file."""
+    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.max_epochs=60",
+                                               "runner.save_interval=5"]
+    run = Run(args, tmp_path, "run")
+    log_dir, ckpts = tmp_path / "tiny", tmp_path / "tiny" / "checkpoints"
+
+    def saved() -> int:
+        last = checkpoint.latest(ckpts)
+        return checkpoint.read_trainer_state(last)["step"] if last else 0
+
+    run.wait_for(lambda: saved() >= 2)
+    (env_pid, _), = run.pids("EnvGroup")
+    sims = simulator_processes(env_pid)
+    assert sims, "the env worker runs its simulators in subprocesses"
+    sims[0].send_signal(signal.SIGKILL)
+    run.wait_for(lambda: run.pids("ActorGroup", launch=1))
+    first = saved()
+    run.wait_for(lambda: saved() > first)
+    actor_pid = run.pids("ActorGroup", launch=1)[1][0]
+    os.kill(actor_pid, signal.SIGABRT)
+    code, err = run.finish(timeout=400)
+    assert code == 0, err[-3000:]
+    result = json.loads(run.stdout.read_text().strip().splitlines()[-1])
+    assert result["restarts"] == 2 and result["env_steps"] == 60 * 2 * 10
+    assert checkpoint.latest(ckpts).name == "global_step_60"
+    events = [json.loads(line) for line in (log_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(e["group"], e["rank"], e["signal"]) for e in events] == [("EnvGroup", 0, "SIGKILL"),
+                                                                        ("ActorGroup", 1, "SIGABRT")]
+    assert "restart 1 of 3: EnvGroup rank 0 on node 0 (" in err and "died: env process" in err
+    for event in events:
+        resumed = int(event["resumed_from"].rsplit("_", 1)[1])
+        assert event["lost_steps"] == event["step"] - 1 - resumed or event["lost_steps"] == event["step"] - resumed
+        assert f"resumed from {event['resumed_from']} at step {resumed}" in run.stdout.read_text()
+    # every step logged, and those between a checkpoint and a crash again after the restart
+    steps = logged_steps(log_dir)
+    assert sorted(set(steps)) == list(range(1, 61))
+    assert len(steps) == 60 + sum(e["lost_steps"] for e in events)
+    reports = sorted((log_dir / "crashes").iterdir())
+    assert [r.name for r in reports] == [f"ActorGroup_rank1_pid{actor_pid}.txt"] == [
+        os.path.basename(events[1]["report"])]
+    text = reports[0].read_text()
+    assert f"=== ActorGroup rank 1 pid {actor_pid} signal 6: native backtraces of all threads (gdb)" in text
+    native = text.split("Fatal Python error")[0]
+    assert native.count("\nThread ") >= 2 and "#0 " in native  # every thread, frame by frame
+    assert "Fatal Python error: Aborted" in text
+    assert "(most recent call first)" in text and "embodied/worker.py" in text  # Python's stacks
+
+
+def test_a_crash_that_repeats_at_the_same_step_stops_the_run(tmp_path):
+    """``_restart``'s choice: restart while restarts are left, unless the step that died is the
+    one that died before the last restart; the message says why it stopped."""
+    cfg = OmegaConf.create({"runner": {"max_restarts": 2, "logger": {"log_path": str(tmp_path)},
+                                       "resume_dir": None}})
+    runner = SimpleNamespace(step=7, done_step=6, ckpt_root=tmp_path / "checkpoints")
+    restarts = []
+
+    def death():
+        err = WorkerError("ActorGroup", 1, "died: gone", "node 0 (127.0.0.1)")
+        err.died, err.signal = True, "SIGSEGV"
+        return err
+
+    assert _restart(cfg, runner, death(), restarts) is cfg  # no checkpoint yet: from the start again
+    with pytest.raises(WorkerError, match=r"\[SIGSEGV\]; step 7 died again after a restart, so the crash "
+                                          r"repeats: stopping after 1 restart"):
+        _restart(cfg, runner, death(), restarts)
+    runner.step = 9
+    _restart(cfg, runner, death(), restarts)
+    runner.step = 12
+    with pytest.raises(WorkerError, match=r"no restart left \(runner.max_restarts = 2\)"):
+        _restart(cfg, runner, death(), restarts)
+    assert len((tmp_path / "restarts.jsonl").read_text().splitlines()) == 2
