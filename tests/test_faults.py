@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from types import SimpleNamespace
@@ -168,3 +169,34 @@ def test_a_crash_that_repeats_at_the_same_step_stops_the_run(tmp_path):
     with pytest.raises(WorkerError, match=r"no restart left \(runner.max_restarts = 2\)"):
         _restart(cfg, runner, death(), restarts)
     assert len((tmp_path / "restarts.jsonl").read_text().splitlines()) == 2
+
+
+def test_checkpoints_come_on_a_time_cadence_and_a_cadence_shorter_than_a_checkpoint_is_refused(tmp_path):
+    """With step checkpoints off (``save_interval=-1``) a run still checkpoints every
+    ``save_interval_minutes``; a cadence below what one checkpoint takes stops the run with exit
+    code 2 naming the key, the checkpoint it just wrote complete."""
+    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.save_interval=-1",
+                                               "runner.max_epochs=30"]
+    ckpts = tmp_path / "tiny" / "checkpoints"
+    run = Run(args + ["runner.save_interval_minutes=0.02"], tmp_path, "cadence")
+    code, err = run.finish(timeout=240)
+    assert code == 0, err[-3000:]
+    steps = [checkpoint.read_trainer_state(c)["step"] for c in checkpoint.list_checkpoints(ckpts)]
+    assert len(steps) >= 3 and steps[-1] == 30 and steps[0] < 30  # timed ones, then the final one
+    run = Run(args + ["runner.save_interval_minutes=1e-6", "runner.experiment_name=short"], tmp_path, "short")
+    code, err = run.finish(timeout=240)
+    assert code == 2
+    assert re.match(r"embodied-train: config error: runner.save_interval_minutes = 1e-06: one checkpoint takes "
+                    r"[\d.]+ s here, longer than the cadence; set it above [\d.]+ \(or null to checkpoint by "
+                    r"runner.save_interval alone\). .*global_step_1 is complete", run.last_error_line())
+    assert checkpoint.latest(tmp_path / "short" / "checkpoints").name == "global_step_1"
+
+
+@pytest.mark.parametrize("value, says", [("-1", "expected a number >= 0"), ("1.5", "expected an integer"),
+                                         ("x", "expected an integer")])
+def test_max_restarts_must_be_a_count(value, says):
+    from embodied.cli import load
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"runner.max_restarts = .*: {says}"):
+        load("maniskill_ppo_mlp", [f"runner.max_restarts={value}"])
