@@ -47,6 +47,8 @@ START_TIMEOUT_S = 300.0  # how long Ray may take to start a group's processes
 EXIT_TIMEOUT_S = 10.0  # how long a shut-down group's processes may take to exit
 # how long a rank that lost contact with another worker waits for that worker's death to show
 LOST_PEER_GRACE_S = 10.0
+# how long a rank that raised waits for a death that may have caused it (a collective's peer gone)
+PEER_DEATH_GRACE_S = 3.0
 
 
 class WorkerError(RuntimeError):
@@ -197,10 +199,10 @@ class GroupCall:
                 error.signal = cause.signal
                 self.group._mark_dead(error)
                 self._fail(error, err)
-            if isinstance(cause, RayActorError):
-                # the rank lost another worker it was calling, typically one on a node that went
-                # down: that worker's death, not this rank's error, is what the user must see
-                _settle_first_death(LOST_PEER_GRACE_S)
+            # the rank may have raised because another worker died (a worker it was calling, on a
+            # node that went down; a peer of its collectives, whose socket closed): that death, not
+            # this rank's error, is what the user must see, and what a restart answers
+            _settle_first_death(LOST_PEER_GRACE_S if isinstance(cause, RayActorError) else PEER_DEATH_GRACE_S)
             what = f"raised in {self.method}(): {type(cause).__name__}: {cause}"
             self._fail(self.group._error_of(rank, what), err)
         except ActorUnavailableError as err:  # the rank may be alive; Ray lost contact with it

@@ -71,6 +71,16 @@ class Echo(Worker):
             dist.destroy_process_group()
 
 
+    def all_reduce_forever(self) -> None:
+        """Collectives until a peer is gone (then gloo raises here)."""
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        while True:
+            dist.all_reduce(torch.ones(1000))
+
+
 class BrokenInit(Worker):
     def __init__(self) -> None:
         if self.rank == 1:
@@ -176,6 +186,27 @@ def test_killed_rank_is_named(pair):
     assert info.value.rank == 1
     with pytest.raises(WorkerError, match="EchoGroup rank 1"):
         group.execute("pid")  # the group stays marked as failed
+
+
+def test_a_rank_that_raised_because_its_collective_peer_died_reports_the_death(cluster, tmp_path):
+    """Rank 1 dies of SIGSEGV while both ranks run gloo collectives; rank 0's gloo error may reach
+    the driver first, but the error is rank 1's death (what a restart answers), with the signal
+    and backtraces of its crash report."""
+    group = WorkerGroup.launch(Echo, cluster, cluster.plan({"echo": "all"}), "echo", name="EchoGroup",
+                               args=(3,), crash_dir=str(tmp_path / "crashes"))
+    try:
+        pids = group.execute("pid").wait()
+        call = group.execute("all_reduce_forever")
+        time.sleep(2.0)
+        os.kill(pids[1], signal.SIGSEGV)
+        with pytest.raises(WorkerError, match=r"EchoGroup rank 1 on node 0 \(.+?\) died") as info:
+            call.wait(timeout=60)
+        assert info.value.died and info.value.signal == "SIGSEGV"
+        assert info.value.report == str(tmp_path / "crashes" / f"EchoGroup_rank1_pid{pids[1]}.txt")
+        assert "all_reduce_forever" in open(info.value.report).read()  # the Python stack of the rank
+    finally:
+        group.shutdown()
+    assert os.listdir(tmp_path / "crashes") == [f"EchoGroup_rank1_pid{pids[1]}.txt"]  # rank 0's empty one is gone
 
 
 def test_idle_rank_death_ends_a_wait_on_another_group(cluster):
