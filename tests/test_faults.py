@@ -94,12 +94,13 @@ def logged_steps(log_dir) -> list[int]:
 
 def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_path):
     """A simulator process of the env worker is SIGKILLed (as the OOM killer would), later an
-    actor rank gets SIGABRT (what glibc's abort on heap corruption raises). Each time every group
+    actor rank, later the other actor rank gets SIGABRT (what glibc's abort on heap corruption
+    raises). Each time every group
     restarts and resumes from the last checkpoint; the run finishes all its steps, each step's
     metrics logged, those after a checkpoint again from the step after it. The aborted rank leaves
     gdb's native backtraces and Python's stacks of all its threads in ``crashes/``; workers that
     ended normally leave no file."""
-    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.max_epochs=60",
+    args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.max_epochs=80",
                                                "runner.save_interval=5"]
     run = Run(args, tmp_path, "run")
     log_dir, ckpts = tmp_path / "tiny", tmp_path / "tiny" / "checkpoints"
@@ -113,19 +114,20 @@ def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_pa
     sims = simulator_processes(env_pid)
     assert sims, "the env worker runs its simulators in subprocesses"
     sims[0].send_signal(signal.SIGKILL)
-    run.wait_for(lambda: run.pids("ActorGroup", launch=1))
-    first = saved()
-    run.wait_for(lambda: saved() > first)
-    actor_pid = run.pids("ActorGroup", launch=1)[1][0]
-    os.kill(actor_pid, signal.SIGABRT)
+    for launch, (rank, sig) in enumerate([(0, signal.SIGKILL), (1, signal.SIGABRT)], start=1):
+        run.wait_for(lambda: run.pids("ActorGroup", launch=launch))
+        first = saved()
+        run.wait_for(lambda: saved() > first)
+        actor_pid = run.pids("ActorGroup", launch=launch)[rank][0]
+        os.kill(actor_pid, sig)
     code, err = run.finish(timeout=400)
     assert code == 0, err[-3000:]
     result = json.loads(run.stdout.read_text().strip().splitlines()[-1])
-    assert result["restarts"] == 2 and result["env_steps"] == 60 * 2 * 10
-    assert checkpoint.latest(ckpts).name == "global_step_60"
+    assert result["restarts"] == 3 and result["env_steps"] == 80 * 2 * 10
+    assert checkpoint.latest(ckpts).name == "global_step_80"
     events = [json.loads(line) for line in (log_dir / "restarts.jsonl").read_text().splitlines()]
-    assert [(e["group"], e["rank"], e["signal"]) for e in events] == [("EnvGroup", 0, "SIGKILL"),
-                                                                        ("ActorGroup", 1, "SIGABRT")]
+    assert [(e["group"], e["rank"], e["signal"]) for e in events] == [
+        ("EnvGroup", 0, "SIGKILL"), ("ActorGroup", 0, None), ("ActorGroup", 1, "SIGABRT")]
     assert "restart 1 of 3: EnvGroup rank 0 on node 0 (" in err and "died: env process" in err
     for event in events:
         resumed = int(event["resumed_from"].rsplit("_", 1)[1])
@@ -133,11 +135,12 @@ def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_pa
         assert f"resumed from {event['resumed_from']} at step {resumed}" in run.stdout.read_text()
     # every step logged, and those between a checkpoint and a crash again after the restart
     steps = logged_steps(log_dir)
-    assert sorted(set(steps)) == list(range(1, 61))
-    assert len(steps) == 60 + sum(e["lost_steps"] for e in events)
+    assert sorted(set(steps)) == list(range(1, 81))
+    assert len(steps) == 80 + sum(e["lost_steps"] for e in events)
     reports = sorted((log_dir / "crashes").iterdir())
     assert [r.name for r in reports] == [f"ActorGroup_rank1_pid{actor_pid}.txt"] == [
-        os.path.basename(events[1]["report"])]
+        os.path.basename(events[2]["report"])]
+    assert "restart 2 of 3: ActorGroup rank 0 on node 0 (" in err and "[no crash report: SIGKILL" in err
     text = reports[0].read_text()
     assert f"=== ActorGroup rank 1 pid {actor_pid} signal 6: native backtraces of all threads (gdb)" in text
     native = text.split("Fatal Python error")[0]
