@@ -9,6 +9,7 @@ mistakes 35-130 s in."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -73,9 +74,14 @@ def full_run(tmp_path_factory, tiny) -> Path:
 
 
 def without_config(run: Path, old: Path) -> Path:
-    """A copy of ``run`` as checkpoints were written before they carried their config."""
+    """A copy of ``run`` as checkpoints were written before they carried their config (and the
+    sizes of their files)."""
     shutil.copytree(run, old)
-    (checkpoint.latest(old) / checkpoint.CONFIG_FILE).unlink()
+    step = checkpoint.latest(old)
+    (step / checkpoint.CONFIG_FILE).unlink()
+    state = checkpoint.read_trainer_state(step)
+    del state["files"]
+    (step / checkpoint.TRAINER_STATE).write_text(json.dumps(state))
     return old
 
 
