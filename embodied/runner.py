@@ -65,7 +65,7 @@ class Runner:
         self.owns_cluster = cluster is None
         self.cluster = Cluster.from_config(cfg.cluster) if cluster is None else cluster
         self.channel = Channel.create(cfg.env.channel.name, maxsize=queue_bounds(cfg))
-        self.env = self.rollout = self.actor = None
+        self.env = self.rollout = self.actor = self.logger = None
         try:
             self._launch(cfg, plan)
         except BaseException:
@@ -386,7 +386,7 @@ class Runner:
         return {"env_steps": self.env_steps, "wall_s": round(time.monotonic() - self.start, 1)}
 
     def close(self) -> None:
-        if hasattr(self, "logger"):
+        if self.logger is not None:
             self.logger.close()
         for group in (self.actor, self.rollout, self.env):
             if group is not None:
