@@ -40,6 +40,7 @@ from embodied.cluster import Cluster
 from embodied.config import chunk_steps, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
+from embodied.report import write_eval_report
 from embodied.worker import GroupCall, WorkerError, WorkerGroup
 from embodied.workers.actor import ActorWorker
 from embodied.workers.env import EnvWorker
@@ -66,6 +67,7 @@ class Runner:
         self.cluster = Cluster.from_config(cfg.cluster) if cluster is None else cluster
         self.channel = Channel.create(cfg.env.channel.name, maxsize=queue_bounds(cfg))
         self.env = self.rollout = self.actor = self.logger = None
+        self.eval_videos: list[dict[str, Any]] = []  # of the last evaluation (embodied/report.py)
         try:
             self._launch(cfg, plan)
         except BaseException:
@@ -283,6 +285,7 @@ class Runner:
                 self.rollout.execute("generate", split, self.eval_chunk_steps, 0).wait()
                 per_round += env_call.wait()
             metrics.update(_merge_ranks(per_round))
+        self.eval_videos = [v for rank in self.env.execute("pop_videos", "eval").wait() for v in rank]
         metrics["time/eval"] = time.monotonic() - tic
         return metrics
 
@@ -303,8 +306,13 @@ class Runner:
         shared = self.shared_reset_states
         _print_eval(f"eval of {source} ({env.init_params.get('id', env.task_suite_name or '')})",
                     metrics, shared)
+        report = write_eval_report(self.cfg.runner.logger.log_path, step=step, source=source,
+                                   success=metrics["eval/success_once"], episodes=int(metrics["eval/episodes"]),
+                                   tasks=_per_task(metrics), videos=self.eval_videos,
+                                   config_yaml=OmegaConf.to_yaml(self.cfg))
+        tqdm.write(f"eval report: {report}")
         return {"eval_success": metrics["eval/success_once"], "episodes": metrics["eval/episodes"],
-                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared} \
+                "tasks": _per_task(metrics), "reset_states_shared_with_train": shared, "report": str(report)} \
             | _pass_at_k(metrics, self.cfg.data.val_pass_k) | self._totals()
 
     def _log_samples(self, step: int) -> None:

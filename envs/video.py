@@ -21,6 +21,10 @@ With ``per_episode`` each env's episode gets a file of its own instead, named
 ``reset_state_names``, e.g. ``task003_init42_<task>`` for LIBERO), so that the episode of a
 given task and init state is found by its name; it ends with the episode (also mid-chunk, at an
 auto-reset) or at ``flush()``. Extra episodes that only fill a batch get no file.
+
+Each finished file is also kept as a record (``pop_episodes``): its path and, per episode, the
+reset state, task, length and whether the episode succeeded at any step, for the eval report
+(embodied/report.py); a tiled file's record has None for those.
 """
 
 from __future__ import annotations
@@ -158,6 +162,9 @@ class VideoRecorder:
         self._closers: list[weakref.finalize | None] = [None] * len(self._writers)
         self._step = np.zeros(env.num_envs, np.int64)
         self._success = np.zeros(env.num_envs, bool)
+        self._succeeded = np.zeros(env.num_envs, bool)  # at any step of the episode
+        self._episode: list[dict[str, Any]] = [{} for _ in self._writers]  # of each open file
+        self._finished: list[dict[str, Any]] = []
 
     @classmethod
     def from_config(cls, env: Any, env_cfg: Any, name: str) -> VideoRecorder:
@@ -178,7 +185,7 @@ class VideoRecorder:
         self.flush()
         obs = self._guarded(self.env.reset, reset_state_ids)
         self._step[:] = 0
-        self._success[:] = False
+        self._success[:] = self._succeeded[:] = False
         if self.per_episode:
             self._start_episodes(np.arange(self.env.num_envs))
         self._record(obs, None, self._step)
@@ -194,12 +201,12 @@ class VideoRecorder:
             chunk = rewards.shape[1]
             for t, images in enumerate(_each_step(shown[STEP_FRAMES], chunk)):
                 if t == chunk - 1 and success is not None:
-                    self._success = np.asarray(success, bool)
+                    self._set_success(success)
                 self._record({**images, "task_descriptions": shown.get("task_descriptions")}, rewards[:, t],
                              np.minimum(before + t + 1, self._step), live=before + t < self._step)
         else:
             if success is not None:
-                self._success = np.asarray(success, bool)
+                self._set_success(success)
             self._record(shown, rewards.sum(axis=1), self._step)
         if "final_obs" in infos:
             infos["final_obs"] = _passed_on(infos["final_obs"])
@@ -209,7 +216,7 @@ class VideoRecorder:
                 self._finish(int(i))
             if "final_obs" in infos and len(done):  # auto-reset: the next episodes begin
                 self._step[done] = 0
-                self._success[done] = False
+                self._success[done] = self._succeeded[done] = False
                 self._start_episodes(done)
                 self._record(obs, None, self._step, envs=done)
         return _passed_on(obs), rewards, terminations, truncations, infos
@@ -219,9 +226,24 @@ class VideoRecorder:
         for i in range(len(self._writers)):
             self._finish(i)
 
+    def pop_episodes(self) -> list[dict[str, Any]]:
+        """The files finished since the last call: ``{"video", "reset_state", "task", "length",
+        "success"}`` each (module docstring)."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _set_success(self, success: Any) -> None:
+        self._success = np.asarray(success, bool)
+        self._succeeded |= self._success
+
     def _finish(self, i: int) -> None:
         if self._closers[i] is not None:
             self._closers[i]()
+            record = {"video": str(self._writers[i].path), "reset_state": None, "task": None,
+                      "length": None, "success": None}
+            if self.per_episode:
+                record.update(self._episode[i], length=int(self._step[i]), success=bool(self._succeeded[i]))
+            self._finished.append(record)
         self._writers[i] = self._closers[i] = None
 
     def _start_episodes(self, envs: np.ndarray) -> None:
@@ -230,6 +252,7 @@ class VideoRecorder:
             self._finish(int(i))
             if not extra[i]:  # an episode that only fills the batch gets no file
                 self._open(int(i), f"{self.name}_{names[i]}")
+                self._episode[i] = {"reset_state": names[i]}
 
     def close(self) -> None:
         try:
@@ -282,6 +305,7 @@ class VideoRecorder:
             if self._writers[i] is None or (live is not None and not live[i]):
                 continue  # an env idling after its episode ended, or past its end in this chunk
             rows = slice(i, i + 1)
+            self._episode[i]["task"] = tasks[i] or None
             self._writers[i].append(self._frame(
                 {k: v[rows] for k, v in views.items()}, tasks[rows], None if rewards is None else rewards[rows],
                 self._success[rows], steps[rows]))

@@ -6,24 +6,11 @@
 set -euo pipefail
 
 PACKAGES=(gdb gcc libasan8)
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-        missing+=("$pkg")
-    fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
-    echo "setup_debug: gdb, gcc and libasan8 already installed"
-    exit 0
-fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup_debug: missing ${missing[*]}; crash reports will lack native backtraces" >&2
+    echo "setup_debug: no apt-get; crash reports will lack native backtraces without gdb and gcc" >&2
     exit 0
 fi
 NAME=setup_debug
 . "$(dirname "$0")/apt.sh"
-if ! "${APT[@]}" install -y --no-install-recommends "${missing[@]}"; then
-    "${APT[@]}" update
-    "${APT[@]}" install -y --no-install-recommends "${missing[@]}"
-fi
-echo "setup_debug: installed ${missing[*]}"
+apt_install "${PACKAGES[@]}"
+echo "setup_debug: gdb, gcc and libasan8 installed${MISSING[*]:+ (now: ${MISSING[*]})}"

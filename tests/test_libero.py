@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -383,6 +384,11 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
     assert names == sorted(f"task{t:03d}_init{k:02d}" for t in (0, 1) for k in (3, 4, 5))
     frames = np.stack(imageio.mimread(next(videos.iterdir()), memtest=False))
     assert frames.shape == (5, 32, 32, 3)  # the reset and one frame per step of two 2-step chunks
+    # the eval report names every episode by task and init state, failures first
+    page = Path(result["report"]).read_text()
+    assert page.count("<figure class='fail'>") == 6
+    captions = re.findall(r"<br>(task\d{3}_init\d{2})_\w+, 4 steps<br>", page)
+    assert sorted(captions) == sorted(f"task{t:03d}_init{k:02d}" for t in (0, 1) for k in (3, 4, 5))
 
 
 def test_soft_resets_match_liberos_own_hard_reset():

@@ -22,6 +22,7 @@ from embodied.worker import Worker
 from envs import make_vector_env
 from envs.episode_stats import EpisodeStats
 from envs.protocol import Env
+from envs.video import VideoRecorder
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.non_finite", "rollout.pipeline_stage_num")
@@ -110,6 +111,11 @@ class EnvWorker(Worker):
             metrics[f"{split}/non_finite"] = float(self.masked.pop(split, 0))
         metrics.update(_env_metrics(envs, split, episodes))
         return metrics
+
+    def pop_videos(self, split: str) -> list[dict[str, Any]]:
+        """The video files finished since the last call, with each episode's reset state, task,
+        length and success (``VideoRecorder.pop_episodes``); none without ``save_video``."""
+        return [e for env in self.envs.get(split, []) if isinstance(env, VideoRecorder) for e in env.pop_episodes()]
 
     def pop_samples(self, split: str) -> list[dict[str, Any]]:
         """Examples of the last ``interact`` (text envs: prompt, response, answer, reward)."""
