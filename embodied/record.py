@@ -1,10 +1,13 @@
-"""``python -m embodied.record``: record demonstrations of any policy the framework runs, in
-ManiSkill's trajectory format (``envs/demos.py`` writes it and reads it back), to fine-tune a
-VLA on them.
+"""``python -m embodied.record``: record demonstrations of any policy the framework runs, or of
+a scripted expert (``--expert``, envs/experts.py), to fine-tune a VLA on them: ManiSkill envs in
+ManiSkill's trajectory format, LIBERO envs in LIBERO's demo HDF5 layout (one file per task in the
+folder ``--out``); ``envs/demos.py`` writes both and reads them back.
 
     python -m embodied.record --config-name maniskill_ppo_mlp \\
         runner.ckpt_path=results/maniskill_ppo_mlp/checkpoints --out demos/push_cube \\
         --episodes 100 env.train.init_params.camera_heights=64 env.train.init_params.camera_widths=64
+    python -m embodied.record --config-name libero_spatial_ppo_openvla_oft --expert libero_pick_place \\
+        --out demos/libero_object env.train.task_suite_name=libero_object 'env.train.init_params.task_ids=[0]'
 
 The config is composed as for ``embodied-train`` (Hydra overrides last); the policy is
 ``actor.model`` with the weights of ``runner.ckpt_path`` when that is set, acting greedily unless
@@ -12,7 +15,9 @@ The config is composed as for ``embodied-train`` (Hydra overrides last); the pol
 (``envs.make_vector_env``, with this process driving them: no Ray). The file holds what a VLA
 sees (camera images, proprioception, the instruction) whatever the policy reads: the policy of an
 ``obs_mode: state`` config drives the same task with its cameras rendered (``rgb+state``), acting
-on the full state vector while images and proprioception are recorded.
+on the full state vector while images and proprioception are recorded. An expert reads the
+privileged state too (ManiSkill: ``rgb+state``; LIBERO: ``init_params.privileged_states``), which
+the file never holds for LIBERO.
 
 Attempt ``i`` (failures count) starts from reset state ``--first-reset-state + i``, a ManiSkill
 seed kept as the episode's ``episode_seed``, so that evaluation can be held out of them. Every
@@ -26,6 +31,7 @@ fewer episodes than asked were kept, 2 for a config error.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -41,8 +47,9 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import ConfigError
 from embodied import checkpoint
 from embodied.config import build_policy, compose
-from envs.demos import TrajectoryWriter
-from envs.protocol import Env, Obs
+from envs.demos import LiberoDemoWriter, TrajectoryWriter
+from envs.experts import EXPERTS
+from envs.protocol import PRIVILEGED_STATES, Env, Obs
 from policies.base import Policy
 
 PROG = "embodied.record"
@@ -63,17 +70,20 @@ class Recording:
         return self.successes / max(self.attempts, 1)
 
 
-def recording_env(env_cfg: DictConfig, num_envs: int) -> tuple[DictConfig, bool]:
+def recording_env(env_cfg: DictConfig, num_envs: int, expert: bool = False) -> tuple[DictConfig, bool]:
     """The env config to record in (``num_envs`` envs, one episode each per reset, ended by
     success or the time limit, no video), and whether the policy reads the privileged state
-    (a config with ``obs_mode: state``, which records in ``rgb+state``)."""
+    (an ``expert``, or a config with ``obs_mode: state``, which records in ``rgb+state``)."""
     cfg = OmegaConf.to_container(env_cfg)  # composed configs come resolved
-    if cfg["env_type"] != "maniskill":
-        raise ConfigError(f"env.env_type={cfg['env_type']!r}: {PROG} writes ManiSkill's trajectory "
-                          "format and records env_type maniskill")
-    reads_state = cfg["init_params"]["obs_mode"] == "state"
-    if reads_state:
-        cfg["init_params"]["obs_mode"] = "rgb+state"
+    if cfg["env_type"] == "libero":
+        reads_state = cfg["init_params"]["privileged_states"] = expert
+    elif cfg["env_type"] == "maniskill":
+        reads_state = expert or cfg["init_params"]["obs_mode"] == "state"
+        if reads_state:
+            cfg["init_params"]["obs_mode"] = "rgb+state"
+    else:
+        raise ConfigError(f"env.env_type={cfg['env_type']!r}: {PROG} records env_type maniskill "
+                          "(ManiSkill's trajectory format) and libero (LIBERO's demo HDF5)")
     cfg.update(total_num_envs=num_envs, auto_reset=False, ignore_terminations=False,
                use_fixed_reset_state_ids=False, group_size=1, each_reset_state_once=False)
     cfg["video_cfg"]["save_video"] = False
@@ -92,8 +102,6 @@ def load_policy(cfg: DictConfig) -> Policy:
 def policy_actions(policy: Policy, reads_state: bool, do_sample: bool) -> Callable[[Obs], np.ndarray]:
     """Observations -> actions ``[B, C, A]`` of ``policy``; one that reads the state is given
     the privileged state vector as its ``states``."""
-    from envs.maniskill import PRIVILEGED_STATES
-
     @torch.no_grad()
     def act(obs: Obs) -> np.ndarray:
         if reads_state:
@@ -101,6 +109,16 @@ def policy_actions(policy: Policy, reads_state: bool, do_sample: bool) -> Callab
         return policy.act(obs, do_sample=do_sample).actions.cpu().numpy()
 
     return act
+
+
+def expert_actions(name: str, env_cfg: DictConfig) -> Callable[[Obs], np.ndarray]:
+    """Observations -> one-step chunks ``[B, 1, A]`` of the scripted expert ``name``."""
+    env_type, expert = EXPERTS[name]
+    if env_type != env_cfg.env_type:
+        raise ConfigError(f"--expert {name} drives env_type {env_type}; this env is {env_cfg.env_type}")
+    if env_type == "libero":
+        expert = functools.partial(expert, gripper_open_action=env_cfg.init_params.gripper_open_action)
+    return lambda obs: expert(obs[PRIVILEGED_STATES])[:, None]
 
 
 def record(env: Env, act: Callable[[Obs], np.ndarray], writer: TrajectoryWriter, *, episodes: int,
@@ -180,6 +198,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="episodes to start at most (default: 4 x --episodes)")
     parser.add_argument("--keep-failures", action="store_true", help="keep unsuccessful episodes too")
     parser.add_argument("--sample", action="store_true", help="sample actions instead of acting greedily")
+    parser.add_argument("--expert", choices=sorted(EXPERTS), default=None,
+                        help="a scripted expert (envs/experts.py) acts instead of actor.model")
     parser.add_argument("--seed", type=int, default=0,
                         help="torch seed (sampled actions, an untrained policy's weights)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides such as runner.ckpt_path=DIR")
@@ -196,36 +216,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     try:
         cfg = compose(args.config_name, args.overrides, args.config_path)
-        env_cfg, reads_state = recording_env(cfg.env[args.split], args.num_envs)
-        policy = load_policy(cfg)
+        env_cfg, reads_state = recording_env(cfg.env[args.split], args.num_envs, expert=args.expert is not None)
+        if args.expert:
+            act, source = expert_actions(args.expert, env_cfg), f"expert {args.expert} (envs/experts.py, scripted, reads object poses)"
+        else:
+            act = policy_actions(load_policy(cfg), reads_state, args.sample)
+            source = f"{args.config_name} ({cfg.actor.model.model_type}"
+            source += f", checkpoint {cfg.runner.ckpt_path})" if cfg.runner.ckpt_path is not None else ", untrained)"
+            source += ", sampled" if args.sample else ", greedy"
         from envs import make_vector_env
-        from envs.maniskill import check_params, make_kwargs
 
-        p = check_params(env_cfg.init_params)
         env = make_vector_env(env_cfg, num_envs=args.num_envs)
+        writer = _writer(args.out, env, env_cfg, f"{PROG}: {source}")
     except (ConfigError, FileNotFoundError) as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
-    source = f"{args.config_name} ({cfg.actor.model.model_type}"
-    source += f", checkpoint {cfg.runner.ckpt_path})" if cfg.runner.ckpt_path is not None else ", untrained)"
-    with env, TrajectoryWriter(args.out, env_id=p["id"], env_kwargs=make_kwargs(p, 1, env_cfg.max_episode_steps),
-                               max_episode_steps=env_cfg.max_episode_steps, main_camera=p["main_camera"],
-                               wrist_camera=p["wrist_camera"], source_type="policy",
-                               source_desc=f"{PROG}: {source}, {'sampled' if args.sample else 'greedy'}") as writer:
-        result = record(env, policy_actions(policy, reads_state, args.sample), writer,
-                        episodes=args.episodes, max_attempts=args.max_attempts or 4 * args.episodes,
+    with env, writer:
+        result = record(env, act, writer, episodes=args.episodes, max_attempts=args.max_attempts or 4 * args.episodes,
                         first_reset_state=args.first_reset_state, keep_failures=args.keep_failures)
+    files = [str(p) for p in writer.paths]
     what = "episodes" if args.keep_failures else "successful episodes"
-    print(f"{PROG}: {result.kept} {what} written to {writer.h5_path} (+ {writer.json_path.name}); "
+    print(f"{PROG}: {result.kept} {what} written to {', '.join(files)}; "
           f"{result.successes} of {result.attempts} attempts succeeded (success rate "
           f"{result.success_rate:.3f}), {result.env_steps} env steps")
     if result.kept < args.episodes:
         print(f"{PROG}: only {result.kept} of the {args.episodes} episodes asked for within "
               f"{result.attempts} attempts (raise --max-attempts)", file=sys.stderr)
-    print(json.dumps({"file": str(writer.h5_path), "episodes": result.kept, "attempts": result.attempts,
+    print(json.dumps({"files": files, "episodes": result.kept, "attempts": result.attempts,
                       "success_rate": round(result.success_rate, 4), "env_steps": result.env_steps,
                       "wall_s": round(time.monotonic() - tic, 1)}), flush=True)
     return 0 if result.kept >= args.episodes else 1
+
+
+def _writer(out: str, env: Env, env_cfg: DictConfig, source: str) -> TrajectoryWriter | LiberoDemoWriter:
+    """ManiSkill's trajectory file ``<out>.h5`` (+ ``.json``), or LIBERO's demo files in ``<out>/``."""
+    if env_cfg.env_type == "libero":
+        return LiberoDemoWriter(out, env.setup, source_desc=source)
+    from envs.maniskill import check_params, make_kwargs
+
+    p = check_params(env_cfg.init_params)
+    return TrajectoryWriter(out, env_id=p["id"], env_kwargs=make_kwargs(p, 1, env_cfg.max_episode_steps),
+                            max_episode_steps=env_cfg.max_episode_steps, main_camera=p["main_camera"],
+                            wrist_camera=p["wrist_camera"], source_type="policy", source_desc=source)
 
 
 if __name__ == "__main__":

@@ -506,6 +506,10 @@ class TrajectoryWriter:
     def num_episodes(self) -> int:
         return len(self.meta["episodes"])
 
+    @property
+    def paths(self) -> list[Path]:
+        return [self.h5_path, self.json_path]
+
     def add(self, obs: Mapping[str, np.ndarray], actions: np.ndarray, rewards: np.ndarray,
             terminated: np.ndarray, truncated: np.ndarray, success: np.ndarray, *, seed: int,
             task_description: str) -> int:
@@ -550,3 +554,88 @@ class TrajectoryWriter:
             tmp = self.json_path.with_suffix(f".json.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.meta, indent=2))
             tmp.replace(self.json_path)
+
+
+class LiberoDemoWriter:
+    """Episodes written in LIBERO's demo HDF5 layout (``_LiberoFile`` reads it back, as it reads
+    LIBERO's released datasets): one file per task, ``<folder>/<task name>_demo.hdf5``, as
+    LIBERO's datasets are laid out, each ``data/demo_<i>`` holding ``obs/<camera>_rgb`` (in
+    robosuite's OpenGL order, upside down, as LIBERO keeps them), ``obs/ee_states``,
+    ``obs/gripper_states``, ``actions`` (LIBERO's gripper convention: -1 opens), ``rewards`` and
+    ``dones``, with the init state it started from (``init_state``, an index into the task's init
+    states, so that evaluation can hold them out). ``add`` takes what ``TrajectoryWriter.add``
+    takes, ``seed`` being the env's reset id (``envs.libero.Setup.task_and_state``)."""
+
+    def __init__(self, folder: str | Path, setup: Any, *, source_desc: str | None = None):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.setup, self.source_desc = setup, source_desc
+        self.files: dict[int, h5py.File] = {}  # by task index
+        self.paths: list[Path] = []
+        self.num_episodes = 0
+
+    def __enter__(self) -> LiberoDemoWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, obs: Mapping[str, np.ndarray], actions: np.ndarray, rewards: np.ndarray,
+            terminated: np.ndarray, truncated: np.ndarray, success: np.ndarray, *, seed: int,
+            task_description: str) -> int:
+        """Write one episode (observations [T+1]: each action with the observation it was taken
+        on; the last is left out); returns its index in its task's file."""
+        from envs.libero import libero_gripper, upright
+
+        steps = len(actions)
+        if "main_images" not in obs or "states" not in obs or any(len(v) != steps + 1 for v in obs.values()):
+            raise ValueError(f"observations: expected main_images and states with {steps + 1} rows, "
+                             f"got { {k: len(v) for k, v in obs.items()} }")
+        task_index, init_state = self.setup.task_and_state(seed)
+        data = self._file(task_index)["data"]
+        demo = data.create_group(f"demo_{len(data)}")
+        p = self.setup.params
+        for key, camera in (("main_images", p["main_camera"]), ("wrist_images", p["wrist_camera"])):
+            if key in obs:
+                demo.create_dataset(f"obs/{camera.removeprefix('robot0_')}_rgb", compression="gzip",
+                                    data=np.ascontiguousarray(upright(np.asarray(obs[key][:steps], np.uint8))))
+        states = np.asarray(obs["states"][:steps], np.float64)
+        demo.create_dataset("obs/ee_states", data=states[:, :6])
+        demo.create_dataset("obs/gripper_states", data=states[:, 6:8])
+        demo.create_dataset("actions", data=libero_gripper(np.asarray(actions, np.float64), p["gripper_open_action"]))
+        demo.create_dataset("rewards", data=np.asarray(rewards, np.float64))
+        dones = np.zeros(steps, np.uint8)
+        dones[-1] = bool(np.asarray(success)[-1])
+        demo.create_dataset("dones", data=dones)
+        demo.attrs.update(num_samples=steps, init_state=init_state, task_description=task_description)
+        data.attrs.update(num_demos=len(data), total=int(data.attrs.get("total", 0)) + steps)
+        self.num_episodes += 1
+        return len(data) - 1
+
+    def _file(self, task_index: int) -> h5py.File:
+        if task_index not in self.files:
+            from envs.libero import ensure_libero_config
+
+            ensure_libero_config()
+            from libero.libero.envs.bddl_utils import get_problem_info
+
+            task = self.setup.tasks[task_index]
+            self.paths.append(self.folder / f"{task.name}_demo.hdf5")
+            file = h5py.File(self.paths[-1], "w")
+            data = file.create_group("data")
+            info = get_problem_info(task.bddl_file)
+            info["language_instruction"] = task.description
+            p = self.setup.params
+            data.attrs.update(
+                problem_info=json.dumps(info), bddl_file_name=task.bddl_file, macros_image_convention="opengl",
+                env_args=json.dumps({"type": 1, "env_name": info["problem_name"], "bddl_file": task.bddl_file,
+                                     "env_kwargs": {"camera_names": [c for c in (p["main_camera"], p["wrist_camera"]) if c],
+                                                    "camera_heights": p["camera_heights"],
+                                                    "camera_widths": p["camera_widths"]}}),
+                num_demos=0, total=0, **({"source_desc": self.source_desc} if self.source_desc else {}))
+            self.files[task_index] = file
+        return self.files[task_index]
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()

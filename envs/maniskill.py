@@ -51,7 +51,7 @@ import numpy as np
 
 from core.description import EnvDescription
 from core.errors import EnvSetupError
-from envs.protocol import RENDER_IMAGES, STEP_FRAMES, video_keys
+from envs.protocol import PRIVILEGED_STATES, RENDER_IMAGES, STEP_FRAMES, video_keys  # noqa: F401 (PRIVILEGED_STATES: obs_mode rgb+state)
 from envs.vector_env import VectorEnv, read_options
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
@@ -82,9 +82,6 @@ from envs.meshes import simplify_visual_meshes  # noqa: E402
 from envs.subproc import single_env_batch  # noqa: E402
 
 OBS_MODES = ("state", "rgb", "rgb+state")
-# obs_mode rgb+state: the full state vector obs_mode state gives (proprioception plus object and
-# goal poses), for a state policy driving an env with cameras; VLAs never read it
-PRIVILEGED_STATES = "privileged_states"
 SIM_BACKENDS = ("cpu", "gpu")
 MIN_MESH_TRIANGLES = 100  # below it the robot's links lose their shape
 PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
@@ -344,10 +341,10 @@ class ManiSkillEnv:
             _prepare_scene(self.env, self.p)
             self._raw_obs = None
 
-    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
-        # the observation is read once per chunk (observation(); after every step only while a
-        # video records), so steps skip it: no task's reward reads it, and rendering it would be
-        # most of the step's cost
+    def step(self, action: np.ndarray, observe: bool = True) -> tuple[float, bool, bool]:
+        # the observation is made when read (observation(): once per chunk, after every step only
+        # while a video records), so steps skip it whatever ``observe`` says: no task's reward
+        # reads it, and rendering it would be most of the step's cost
         with _obs_mode(self.env, "none"):
             _, reward, terminated, _, info = self.env.step(action)
         self._raw_obs = self._obs = None

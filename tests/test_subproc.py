@@ -40,7 +40,7 @@ class ScriptedEnv:
     def reset(self, state_id: int) -> None:
         self.state_id, self.t = state_id, 0
 
-    def step(self, action: np.ndarray) -> tuple[float, bool, bool]:
+    def step(self, action: np.ndarray, observe: bool = True) -> tuple[float, bool, bool]:
         self.t += 1
         if self.fail == "crash" and self.t == 2:
             os._exit(3)
