@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorError, RayError, RayTaskError
 
 from core.errors import ProcessDied
 from embodied import crash_report
@@ -210,6 +210,10 @@ class GroupCall:
             self._fail(self.group._error_of(rank, f"could not be reached during {self.method}(): {err}"), err)
         except RayActorError as err:
             error = self.group._error_of(rank, f"died during {self.method}(): {err}")
+            self.group._mark_dead(error, rank)
+            self._fail(error, err)
+        except OutOfMemoryError as err:  # Ray's memory monitor killed the rank's process mid-call
+            error = self.group._error_of(rank, f"died during {self.method}(): killed for want of memory: {err}")
             self.group._mark_dead(error, rank)
             self._fail(error, err)
         except RayError as err:

@@ -370,3 +370,40 @@ def test_a_local_cluster_starts_without_rays_token_auth_warning():
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Token authentication" not in out.stderr and out.stdout.split() == ["token"]
+
+
+def test_a_rank_killed_by_rays_memory_monitor_is_reported_dead():
+    """Ray's memory monitor kills a rank that allocates past the node's threshold (set here 2.5 GB
+    above what the machine uses, in a cluster of its own): a death, which the runner restarts, not
+    an error of the call."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    threshold = (memory.total - memory.available + 2.5 * 2**30) / memory.total  # Ray itself, then 2.5 GB
+    script = (
+        "import time\nimport numpy as np\n"
+        "from embodied.cluster import Cluster\nfrom embodied.worker import Worker, WorkerError, WorkerGroup\n"
+        "class Hog(Worker):\n"
+        "    def hog(self):\n"
+        "        block = np.ones(6 * 2**30, np.uint8)\n"
+        "        time.sleep(60)\n"
+        "        return int(block[0])\n"
+        "cluster = Cluster(num_nodes=1)\n"
+        "group = WorkerGroup.launch(Hog, cluster, cluster.plan({'hog': '0'}), 'hog', name='HogGroup')\n"
+        "try:\n"
+        "    group.execute('hog').wait()\n"
+        "    print('not killed')\n"
+        "except WorkerError as err:\n"
+        "    print('died' if err.died else 'raised', err)\n"
+        "group.shutdown()\ncluster.shutdown()\n")
+    root = os.path.dirname(os.path.dirname(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**env, "PYTHONPATH": root, "RAY_memory_usage_threshold": f"{threshold:.3f}",
+                               "RAY_memory_monitor_refresh_ms": "100"})
+    said = [line for line in done.stdout.splitlines() if line.startswith(("died", "raised", "not killed"))]
+    assert said, done.stderr[-2000:]
+    # the death reaches the driver through the rank's watch or through its call (Ray's
+    # OutOfMemoryError, which a soak met: "failed in update()" before worker.py counted it a death)
+    assert said[0].startswith("died HogGroup rank 0"), said[0]
+    assert "running low on memory" in said[0] or "killed for want of memory" in said[0], said[0]
