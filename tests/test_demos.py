@@ -302,3 +302,13 @@ def test_bad_libero_demos_name_the_key(tmp_path):
         check_demos(path, wrist_camera="robot0_eye_in_hand")
     with pytest.raises(DataError, match=r"data/demo_0/obs/gripper_states: has shape \[1, 2\], expected 2 rows"):
         check_demos(path)
+    # a file whose task cannot be named, or whose actions are not the model's
+    write_libero_demo(path, [frame, frame], np.zeros((2, 7), np.float32), bddl="/nonexistent/task.bddl")
+    with h5py.File(path, "a") as f:
+        del f["data"].attrs["problem_info"]
+    with pytest.raises(DataError, match=r"demo.hdf5: data.attrs: no instruction: neither problem_info nor a "
+                                        r"bddl_file_name that exists \('/nonexistent/task.bddl'\)"):
+        list(read_demos(path))
+    write_libero_demo(path, [frame, frame], np.zeros((2, 6), np.float32))
+    with pytest.raises(DataError, match=r"data/demo_0/actions: has 6 dims per action; the model's action_dim is 7"):
+        check_demos(path, action_dim=7)
