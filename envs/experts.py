@@ -25,14 +25,15 @@ def push_cube(states: np.ndarray) -> np.ndarray:
 
 def libero_pick_place(states: np.ndarray, gripper_open_action: int = -1) -> np.ndarray:
     """A LIBERO task whose goal is one On/In (``envs.libero`` privileged state: end-effector 3,
-    finger positions 2 and velocities 2, object 3, target 3, grasp height 1), under LIBERO's
+    finger positions 2 and velocities 2, object 3, target 3, grasp height 1, object top 1), under LIBERO's
     OSC_POSE delta actions with the orientation held: above the object, down to its grasp
     height, close until the fingers stop on it, lift straight up, over the target, let go. It
     keeps no memory: the phase is read from the state. Succeeds in ~100 steps on LIBERO-Object's
-    groceries (the gripper's last action: ``gripper_open_action`` opens)."""
+    groceries, not on bowls (the gripper's last action: ``gripper_open_action`` opens)."""
     eef, fingers, finger_speed = states[:, 0:3], states[:, 3:5], states[:, 5:7]
-    obj, target, grasp_height = states[:, 7:10], states[:, 10:13], states[:, 13]
-    grasp = obj + np.stack([0 * grasp_height, 0 * grasp_height, grasp_height], axis=1)
+    obj, target, grasp_height, top = states[:, 7:10], states[:, 10:13], states[:, 13], states[:, 14]
+    grasp = obj.copy()  # at its model's grasp height, or 3 cm below its top where that is higher (bottles' necks)
+    grasp[:, 2] = np.maximum(obj[:, 2] + grasp_height, top - 0.03)
     width = fingers[:, 0] - fingers[:, 1]
     settled = np.abs(finger_speed).max(axis=1) < 0.01
     empty = settled & (width < 0.01)  # closed on nothing: open and try again

