@@ -166,6 +166,7 @@ def test_cameras_render_once_per_chunk_and_show_what_liberos_own_env_shows(monke
         theirs.close()
 
 
+@pytest.mark.slow
 def test_expert_records_libero_demos_that_the_reader_gives_back_and_that_replay(tmp_path, capsys, monkeypatch):
     """``python -m embodied.record --expert libero_pick_place`` on LIBERO-Object's first task:
     successful episodes in LIBERO's demo layout, read back by envs/demos.py as the env shows them;
