@@ -97,7 +97,10 @@ class FSDP:
         set_model_state_dict(policy, state, options=StateDictOptions(full_state_dict=True, strict=False))
         if with_optimizer:
             optim = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
-            set_optimizer_state_dict(policy, optimizer, optim, options=StateDictOptions(full_state_dict=True))
+            # a parameter that never had a gradient has no state in the run being resumed either
+            # (OpenVLA's featurizer reads the ViT's second-to-last block: the last block's
+            # parameters train in a full fine-tune but get none), so it gets none here: not strict
+            set_optimizer_state_dict(policy, optimizer, optim, options=StateDictOptions(full_state_dict=True, strict=False))
 
     @staticmethod
     def unread_keys(cfg: Any) -> dict[str, str]:

@@ -127,3 +127,20 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
     assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
     assert f"eval of {exported}" in done.stdout
     assert sorted(p.name for p in videos.iterdir()) == ["eval_rank0_stage0_0000.mp4", "eval_rank1_stage0_0000.mp4"]
+
+
+def test_a_full_fine_tune_resumes_though_some_parameters_never_had_a_gradient(tmp_path, tiny_vla):
+    """Without LoRA every parameter trains, but the featurizer's last ViT block is never read
+    (OpenVLA takes the second-to-last block's output): its parameters have no optimizer state, in
+    the checkpoint as in the run. A resumed run continues the first one's steps (a soak's restart
+    failed here: 'Missing optimizer state for parameter ...')."""
+    args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full"), "actor.model.is_lora=false"]
+    embodied("train", [*args, "runner.max_epochs=1"], timeout=900)
+    first = checkpoint.latest(tmp_path / "full" / "checkpoints")
+    optim = torch.load(first / "actor" / "optimizer.pt", weights_only=False)
+    with_state = set(optim["state"])
+    assert any(name.endswith("norm1.weight") for name in with_state)
+    assert any("featurizer.blocks" in name and name not in with_state for name in optim["param_groups"][0]["params"])
+    result, done = embodied("train", [*args, "runner.max_epochs=2", f"runner.resume_dir={first}"], timeout=900)
+    assert f"resumed from {first} at step 1" in done.stdout and result["env_steps"] == 2 * 4 * 16
+    assert checkpoint.latest(tmp_path / "full" / "checkpoints").name == "global_step_2"
