@@ -352,6 +352,13 @@ def pick_and_place_goal(task: Task) -> tuple[str, str]:
     return goal[0][1], goal[0][2]
 
 
+def scene_position(scene: Any, name: str) -> np.ndarray:
+    """Where an object (its body) or a region (its site) of a LIBERO scene is, in world frame."""
+    if name in scene.object_sites_dict:
+        return scene.sim.data.get_site_xpos(name).copy()
+    return scene.sim.data.body_xpos[scene.obj_body_id[name]].copy()
+
+
 def suite_task_description(name: str) -> str | None:
     """The instruction this adapter gives the suite task ``name`` (its BDDL file's name without
     the suffix), or None for a task of no suite. It is LIBERO's benchmark wording, made from the
@@ -520,12 +527,7 @@ class LiberoEnv:
     def _privileged_states(self) -> np.ndarray:
         scene, raw = self.env.env, self._raw
         (_, obj, target), = scene.parsed_problem["goal_state"]  # one On/In (check_config)
-
-        def position(name: str) -> np.ndarray:
-            if name in scene.object_sites_dict:
-                return scene.sim.data.get_site_xpos(name)
-            return scene.sim.data.body_xpos[scene.obj_body_id[name]]
-
+        position = functools.partial(scene_position, scene)
         grasp = 0.5 * scene.get_object(obj).top_offset[2]  # halfway up from the origin to the top
         return np.concatenate([raw["robot0_eef_pos"], raw["robot0_gripper_qpos"], raw["robot0_gripper_qvel"],
                                position(obj), position(target), [grasp, self._top(obj)]]).astype(np.float32)

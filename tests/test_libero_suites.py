@@ -16,7 +16,7 @@ import pytest
 
 from embodied.config import load_env_config
 from envs import make_vector_env
-from envs.libero import ASSET_PACKAGES, check_config, packaged_assets
+from envs.libero import ASSET_PACKAGES, check_config, packaged_assets, scene_position
 from envs.vector_env import EnvSetupError
 
 
@@ -26,20 +26,13 @@ def suite_config(suite: str, task: int, *overrides: str):
                                    "init_params.num_settle_steps=0", "max_episode_steps=4", *overrides])
 
 
-def position(inner, name: str) -> np.ndarray:
-    """Where an object (its body) or a region (its site) is in the scene."""
-    if name in inner.object_sites_dict:
-        return inner.sim.data.get_site_xpos(name).copy()
-    return inner.sim.data.body_xpos[inner.obj_body_id[name]].copy()
-
-
 def set_goal_by_hand(inner) -> None:
     """Drop each object of an ``On``/``In`` goal from 8 cm above its target and let it settle."""
     for predicate, obj, target in inner.parsed_problem["goal_state"]:
         assert predicate in ("on", "in"), predicate
         joint = inner.get_object(obj).joints[-1]  # its free joint
         qpos = inner.sim.data.get_joint_qpos(joint).copy()
-        qpos[:3] = position(inner, target) + [0.0, 0.0, 0.08]
+        qpos[:3] = scene_position(inner, target) + [0.0, 0.0, 0.08]
         inner.sim.data.set_joint_qpos(joint, qpos)
         inner.sim.data.set_joint_qvel(joint, np.zeros(6))
     inner.sim.forward()
