@@ -11,6 +11,7 @@ bash scripts/setup_vulkan.sh  # a CPU Vulkan device (Mesa 25 lavapipe) for ManiS
 bash scripts/setup_egl.sh     # headless OpenGL (EGL, OSMesa) for LIBERO's MuJoCo rendering
 bash scripts/setup_debug.sh   # gdb and a C compiler for crash reports; AddressSanitizer for the tests
 bash scripts/setup_browser.sh # headless Chromium and its WebDriver: the eval report's browser test
+bash scripts/setup_sandbox.sh # bubblewrap: the agent envs' sandboxed Python tool
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
