@@ -192,9 +192,10 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
             _fail(f"env.{split}.total_num_envs", env.total_num_envs,
                   f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num "
                   f"({stages}) x env.{split}.group_size ({env.group_size}) = {unit}")
-    if POLICIES.declared(cfg.actor.model.model_type)["task_type"] != task:
+    if task not in POLICIES.declared(cfg.actor.model.model_type)["task_types"]:
         _fail("actor.model.model_type", cfg.actor.model.model_type,
-              f"{' or '.join(POLICIES.where(task_type=task))} with runner.task_type={task}")
+              f"{' or '.join(n for n in POLICIES.names() if task in POLICIES.declared(n)['task_types'])} "
+              f"with runner.task_type={task}")
     rollout_ranks = plan.world_size("rollout")
     if env_ranks % rollout_ranks:
         _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),

@@ -25,6 +25,7 @@ ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe")
 ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
+ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"})
 
 
 def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:

@@ -43,6 +43,7 @@ from envs.text import load_tokenizer, read_jsonl
 from envs.vector_env import read_options
 
 DRIFT_CHECKS = ("off", "warn", "strict")
+SAMPLES_KEPT = 8  # ended episodes kept per rollout for the logs (samples.jsonl)
 TOOL_KEYS = ("tools", "tool_timeout_s", "max_tool_response_length", "tool_response_truncate_side", "tool_output_format")
 _BASE = [{"role": "user", "content": "x"}]  # the fixed conversation observation ids are sliced off
 
@@ -228,9 +229,10 @@ class AgentEnv:
             return Episode(None, ids, messages)
         return Episode(game, ids, messages)
 
-    def _note_error(self, row: dict[str, Any], err: BaseException) -> None:
-        if len(self._samples) < 8:
-            self._samples.append({"error": f"{type(err).__name__}: {err}"[:300], "row": str(row)[:200]})
+    def _note_error(self, where: dict[str, Any], err: BaseException) -> None:
+        if len(self._samples) < SAMPLES_KEPT:
+            self._samples.append({"conversation": f"{type(err).__name__}: {err} ({str(where)[:200]})"[:400],
+                                  "return": 0.0, "turns": 0, "ids": [], "generated": []})
 
     def _observation(self) -> dict[str, Any]:
         ids = np.full((self.num_envs, self.width), self.pad, np.int64)
@@ -301,6 +303,9 @@ class AgentEnv:
 
     def _end(self, episode: Episode, reward: float, terminated: bool) -> tuple[float, bool, bool]:
         episode.done = True
+        if len(self._samples) < SAMPLES_KEPT:  # the ids and their mask, for checking them by token
+            self._samples.append({"conversation": self.tokenizer.decode(episode.ids), "return": episode.returns,
+                                  "turns": episode.turns, "ids": list(episode.ids), "generated": list(episode.generated)})
         if episode.game is not None:
             try:
                 self._game_metrics[type(episode.game)].append(episode.game.get_metrics())
@@ -334,10 +339,10 @@ class AgentEnv:
             if runner is not None and hasattr(runner, "pop_metrics"):
                 for key, value in runner.pop_metrics().items():
                     metrics[key] = metrics.get(key, 0.0) + value
-        for cls, rows in self._game_metrics.items():
+        for cls, rows in self._game_metrics.items():  # a game's means, as totals (the worker divides)
             for key, value in cls.aggregate_metrics(rows).items():
                 if isinstance(value, (int, float)):
-                    metrics[f"game/{key}"] = float(value)
+                    metrics[f"game_{key}"] = metrics.get(f"game_{key}", 0.0) + float(value) * len(rows)
         self._game_metrics = defaultdict(list)
         return metrics
 

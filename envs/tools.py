@@ -1,6 +1,6 @@
 """Tools an agent env runs between turns, in the env worker: each call bounded in time and output
-length, and its outcome counted (``tool/calls``, ``tool/timeouts``, ``tool/errors``,
-``tool/truncated``).
+length, and its outcome counted (logged per episode as ``<split>/tool_calls``, ``tool_timeouts``,
+``tool_errors``, ``tool_truncated``; ``<split>/<figure>/<name>`` is the per-task namespace).
 
 A response calls a tool in one of two forms: ``<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`` (the Hermes / Qwen chat format) or ``<NAME>body</NAME>`` for a tool NAME taking one
@@ -165,4 +165,4 @@ class ToolRunner:
 
     def pop_metrics(self) -> dict[str, float]:
         counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
-        return {f"tool/{k}": float(v) for k, v in counts.items()}
+        return {f"tool_{k}": float(v) for k, v in counts.items()}

@@ -34,13 +34,14 @@ def train_tokenizer(texts: list[str]):
                                    padding_side="left")
 
 
-def build_model(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 128, layers: int = 2, seed: int = 0):
+def build_model(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 128, layers: int = 2, seed: int = 0,
+                positions: int = 64):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=64, pad_token_id=pad_id, eos_token_id=eos_id,
+                         max_position_embeddings=positions, pad_token_id=pad_id, eos_token_id=eos_id,
                          bos_token_id=None, tie_word_embeddings=True)
     return LlamaForCausalLM(config)
 

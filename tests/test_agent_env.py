@@ -87,7 +87,7 @@ def test_tool_turns_keep_the_generated_ids_verbatim_and_mask_the_observations(tm
         assert spans == wanted
         observed = tok.decode([t for t, g in zip(ids, generated) if not g])
         assert expected_tool in observed and answer not in observed.replace(expected_tool, "")
-    assert env.pop_metrics()["tool/calls"] == 2.0
+    assert env.pop_metrics()["tool_calls"] == 2.0
 
 
 def test_skyrl_gyms_multi_turn_gsm8k_runs_unchanged_with_its_extras(tmp_path, tokenizers):
@@ -108,7 +108,7 @@ def test_skyrl_gyms_multi_turn_gsm8k_runs_unchanged_with_its_extras(tmp_path, to
     assert rewards[:, 0].tolist() == [1.0, 0.0] and terminated[:, 0].tolist() == [True, False]
     assert env.episodes[0].returns == pytest.approx(1 + 0.2 / 3)
     metrics = env.pop_metrics()
-    assert metrics["game/avg_steps"] == 1.5 and metrics["turns"] == 3
+    assert metrics["game_avg_steps"] == 3.0 and metrics["turns"] == 3  # totals: the env worker divides by episodes
 
 
 def test_frozen_lake_as_text(tmp_path, tokenizers):
@@ -179,8 +179,8 @@ def test_bad_input_is_contained_and_counted(tmp_path, tokenizers):
     _, _, _, truncated, _ = env.chunk_step(responses(env, ["<python>while True: pass</python>", "x"], width=64))
     assert truncated[0, 0]  # max_episode_steps (3) turns
     metrics = env.pop_metrics()
-    assert metrics["env_errors"] == 1 and metrics["tool/calls"] == 3
-    assert metrics["tool/truncated"] >= 1 and metrics["tool/errors"] == 1 and metrics["tool/timeouts"] == 1
+    assert metrics["env_errors"] == 1 and metrics["tool_calls"] == 3
+    assert metrics["tool_truncated"] >= 1 and metrics["tool_errors"] == 1 and metrics["tool_timeouts"] == 1
 
     raising = AgentEnv(agent_cfg(rows, tokenizers["chatml"], game=f"{__name__}:Raises"), 2)
     raising.reset()

@@ -119,9 +119,9 @@ def test_the_runner_counts_calls_timeouts_errors_and_truncations():
     assert runner("<python>raise SystemExit(3)</python>").status == ERROR
     assert runner("<tool_call>not json</tool_call>").status == ERROR
     assert runner("no call here") is None
-    assert runner.pop_metrics() == {"tool/calls": 5.0, "tool/timeouts": 1.0, "tool/errors": 2.0,
-                                    "tool/truncated": 2.0}  # the long print and the malformed call's message
-    assert runner.pop_metrics()["tool/calls"] == 0.0
+    assert runner.pop_metrics() == {"tool_calls": 5.0, "tool_timeouts": 1.0, "tool_errors": 2.0,
+                                    "tool_truncated": 2.0}  # the long print and the malformed call's message
+    assert runner.pop_metrics()["tool_calls"] == 0.0
 
 
 def test_an_unknown_tool_or_side_is_a_config_error():
