@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-path", default=None)
     parser.add_argument("--responses", required=True, type=Path, help="JSON list of turns")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--envs", type=int, default=None, help="envs to play (default: one group)")
+    parser.add_argument("--envs", type=int, default=1, help="envs to play, one row each")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     try:
@@ -69,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         env_cfg = OmegaConf.to_container(cfg.env[args.split], resolve=True)
         if env_cfg.get("env_type") != "agent":
             raise ConfigError(f"env.{args.split}.env_type = {env_cfg.get('env_type')!r}: expected agent")
-        turns = json.loads(args.responses.read_text())
+        try:
+            turns = json.loads(args.responses.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{args.responses}: not JSON ({err})") from None
         if not isinstance(turns, list):
             raise ConfigError(f"{args.responses}: expected a JSON list of turns")
-        num_envs = args.envs or env_cfg["group_size"]
-        env_cfg["total_num_envs"] = num_envs
-        env = AgentEnv(env_cfg, num_envs)
-    except (ConfigError, OSError, json.JSONDecodeError) as err:
+        env_cfg |= {"total_num_envs": args.envs, "group_size": 1, "use_fixed_reset_state_ids": False}
+        env = AgentEnv(env_cfg, args.envs)
+    except (ConfigError, OSError) as err:
         print(f"play: {err}", file=sys.stderr)
         return 2
     try:

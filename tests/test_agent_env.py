@@ -233,3 +233,26 @@ def test_config_mistakes_are_named_before_workers_start(tmp_path, tokenizers):
     bad.write_text('{"question": "1+1"}\n')
     with pytest.raises(EnvSetupError, match=r"bad.jsonl:1: no key 'prompt'"):
         describe(agent_cfg(bad, tokenizers["chatml"]))
+
+
+def test_the_harness_plays_a_config_with_scripted_turns_and_prints_ids_masks_rewards(tmp_path, tokenizers, capsys):
+    from embodied.play import main
+
+    rows = write_rows(tmp_path / "rows.jsonl", ARITHMETIC)
+    turns = tmp_path / "turns.json"
+    turns.write_text(json.dumps(["<calculator>123*45</calculator>", ["5535", "wrong"]]))
+    code = main(["--config-name", "agent_arithmetic_tools_tiny", "--responses", str(turns), "--envs", "2",
+                 f"actor.model.model_path={tokenizers['chatml']}", f"data.train_data_paths=[{rows}]",
+                 "data.shuffle=false"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "turn 1 env 0: reward 0 terminated False truncated False"
+    mask = json.loads(out[2].split("mask ", 1)[1])
+    assert mask.count(1) == len("<calculator>123*45</calculator>") + 1 and mask[-1] == 0  # + EOS; the tool's reply
+    assert r"<|im_start|>tool\n5535<|im_end|>" in out[3]  # the text printed as a Python literal
+    summary = json.loads(out[-1])
+    assert summary["returns"] == [1.0, 0.0] and summary["metrics"]["tool_calls"] == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["--config-name", "agent_arithmetic_tools_tiny", "--responses", str(bad)]) == 2
+    assert f"{bad}: not JSON" in capsys.readouterr().err
