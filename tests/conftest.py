@@ -89,6 +89,28 @@ def tiny_math(tmp_path_factory) -> dict[str, Path]:
     return {"data": root / "data", "model": root / "model", "accuracy": accuracy}
 
 
+@pytest.fixture(scope="session")
+def tiny_agent(tmp_path_factory) -> dict[str, Path]:
+    """Arithmetic rows and a random tiny causal LM whose character tokenizer covers printable
+    text (tool calls included) and whose positions cover agent_arithmetic_tools_tiny's context:
+    ``{"data": folder with train.jsonl / test.jsonl, "model": HF checkpoint folder}``."""
+    import json
+    import string
+
+    from policies.tiny_lm import build_model, train_tokenizer
+
+    root = tmp_path_factory.mktemp("agent")
+    tokenizer = train_tokenizer([string.printable])
+    build_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, positions=256).save_pretrained(
+        root / "model")
+    tokenizer.save_pretrained(root / "model")
+    (root / "data").mkdir()
+    for name, first in (("train", 100), ("test", 500)):
+        rows = [{"prompt": f"{a}*{a % 89 + 10}=", "answer": str(a * (a % 89 + 10))} for a in range(first, first + 32)]
+        (root / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"data": root / "data", "model": root / "model"}
+
+
 def stand_in_assets(folder: Path) -> Path:
     """The asset folder layout LIBERO's suites need, without the meshes (not available here):
     enough for config checks, never for building a suite's scene."""

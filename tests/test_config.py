@@ -20,8 +20,8 @@ def test_there_are_shipped_experiments():
 
 
 def _user_files(name: str, request) -> list[str]:
-    """Math configs read the user's model and prompt set before anything starts: give them the
-    tiny ones the tests make. LIBERO configs check the asset folders: give them a stand-in
+    """Math and agent configs read the user's model and prompt set before anything starts: give
+    them the tiny ones the tests make. LIBERO configs check the asset folders: give them a stand-in
     layout (the suites' meshes are not available here). SFT configs read the user's
     demonstrations: give them made-up ones of the shape they expect."""
     if "_sft_" in name:
@@ -32,6 +32,10 @@ def _user_files(name: str, request) -> list[str]:
     if name.startswith("libero_"):
         assets = stand_in_assets(request.getfixturevalue("tmp_path") / "libero_assets")
         return [f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval")]
+    if name.startswith("agent_"):
+        tiny = request.getfixturevalue("tiny_agent")
+        return [f"actor.model.model_path={tiny['model']}", f"data.train_data_paths=[{tiny['data'] / 'train.jsonl'}]",
+                f"data.val_data_paths=[{tiny['data'] / 'test.jsonl'}]"]
     if not name.startswith("math_"):
         return []
     tiny = request.getfixturevalue("tiny_math")
@@ -128,7 +132,7 @@ BAD = [
     (["actor.micro_batch_size=0"], "actor.micro_batch_size = 0: expected a number >= 1"),
     (["actor.global_batch_size=0"], "actor.global_batch_size = 0: expected a number >= 1"),
     (["env.train.total_num_envs=0"], "env.train.total_num_envs = 0: expected a number >= 1"),
-    (["data.max_prompt_length=2048"], "data.max_prompt_length: not supported here, because only text envs"),
+    (["data.max_prompt_length=2048"], "data.max_prompt_length: not supported here, because only text or agent envs"),
     (["cluster.component_placement.actor=all", "actor.micro_batch_size=200", "actor.global_batch_size=300"], "actor.global_batch_size = 300: expected a multiple of actor.micro_batch_size (200) x 2 actor rank(s) = 400"),
     (["actor.global_batch_size=600", "actor.micro_batch_size=100"], "actor.global_batch_size = 600: expected a divisor of the 3200 samples"),
     (["env.train.total_num_envs=15"], "env.train.total_num_envs = 15: expected a multiple of 2 env worker(s) x rollout.pipeline_stage_num (1) x env.train.group_size (1) = 2"),

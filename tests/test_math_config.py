@@ -99,7 +99,7 @@ def test_the_prompt_set_keys_are_read(tiny_math, tmp_path, capsys):
     ("math_grpo_tiny", "data.val_pass_k=2.5", "data.val_pass_k = 2.5"),
     ("math_grpo_tiny", "data.val_pass_k=true", "data.val_pass_k = True"),
     ("math_grpo_tiny", "data.val_pass_k=4 algorithm.sampling_params.do_sample=false", "do_sample=false"),
-    ("maniskill_grpo_mlp", "data.val_pass_k=4", "data.val_pass_k: not supported here, because only text envs"),
+    ("maniskill_grpo_mlp", "data.val_pass_k=4", "data.val_pass_k: not supported here, because only text or agent envs"),
 ])
 def test_nonsense_pass_k_exits_2(tiny_math, capsys, config, override, message):
     args = _args(tiny_math, *override.split()) if config.startswith("math") else ["--dry-run", *override.split()]

@@ -247,7 +247,7 @@ REFUSALS = [
      "actor.model.n_action_bins: not supported here, because the gaussian head has no bins"),
     ("maniskill_ppo_mlp", ["algorithm.sampling_params.top_k=5"],
      "algorithm.sampling_params.top_k: not supported here, because mlp with the gaussian head samples no token logits"),
-    ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text envs"),
+    ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text or agent envs"),
     ("maniskill_ppo_mlp", ["actor.model.is_lora=true"], "actor.model.is_lora: not supported: LoRA adapters"),
     ("maniskill_ppo_openvla_oft", ["actor.model.action_head=l1_regression", "algorithm.sampling_params.temperature=0.5"],
      "algorithm.sampling_params.temperature: not supported here, because openvla_oft with the l1_regression head"),
