@@ -95,12 +95,12 @@ def pretrain(out: Path, data: Path, tool_share: float, steps: int, seed: int = 0
 
 
 def train(config: str, model: Path, data: Path, out: Path, name: str, steps: int, val_every: int,
-          extra: list[str]) -> tuple[dict, float]:
+          extra: list[str], val_rows: int = 200) -> tuple[dict, float]:
     args = [f"actor.model.model_path={model}", f"data.train_data_paths=[{data / 'train.jsonl'}]",
             f"data.val_data_paths=[{data / 'test.jsonl'}]", f"runner.output_dir={out}",
             f"runner.experiment_name={name}", f"runner.max_epochs={steps}", f"runner.val_check_interval={val_every}",
             f"data.max_prompt_length={CONTEXT}", f"runner.seq_length={CONTEXT + RESPONSE}",
-            "data.rollout_batch_size=16", "data.val_rollout_batch_size=200", "algorithm.group_size=8",
+            "data.rollout_batch_size=16", f"data.val_rollout_batch_size={val_rows}", "algorithm.group_size=8",
             "actor.optim.lr=3e-4", *extra]
     tic = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "embodied", "train", "--config-name", config, *args],
