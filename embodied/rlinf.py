@@ -386,9 +386,9 @@ RLINF_KEYS: dict[str, Rule] = {
     "algorithm.sampling_params.temperature_eval": Implied(_greedy, EVAL_GREEDY),
     "algorithm.eval_rollout_epoch": Implied(_eval_once, "an evaluation runs each eval env's episodes once "
                                             "(env.eval.each_reset_state_once for every reset state)"),
-    "algorithm.huber_delta": Implied(lambda v, their: v is None or their.get("algorithm.adv_type") != "gae",
-                                     "the value loss here is squared error, 0.5 (V - R)^2, which is Huber's "
-                                     "only where |V - R| < huber_delta; override it with null to accept that"),
+    "algorithm.huber_delta": Convert("algorithm.huber_delta", "dropped without a value loss (adv_type not gae)",
+                                     lambda v, their, rest: {their.key: v} if their.get("algorithm.adv_type") == "gae"
+                                     else {}),
     "algorithm.critic_warmup_steps": Implied(_equals(0), "critic warm-up (training only the value head "
                                              "at first) is not implemented"),
     "algorithm.reward_coef": Implied(_always, "RLinf's code reads env.*.reward_coef, which carries it"),

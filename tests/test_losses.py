@@ -134,6 +134,32 @@ def test_value_loss_by_hand():
     _close(metrics["critic/explained_variance"], -1.0 / 3.0)
 
 
+def test_huber_value_loss_against_its_definition_on_random_inputs():
+    """``huber_delta``: elementwise 0.5 e^2 inside |e| <= delta, delta (|e| - delta / 2) outside
+    (written here from the definition in numpy), with the value clip's pessimistic max on top;
+    null keeps the squared error exactly."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for delta, clip in ((0.5, None), (1.0, 0.2), (2.0, 0.5)):
+        v, old, r = (rng.normal(0, 2, 64) for _ in range(3))
+        mask = rng.random(64) > 0.3
+
+        def huber(e):
+            return np.where(np.abs(e) <= delta, 0.5 * e ** 2, delta * (np.abs(e) - 0.5 * delta))
+
+        errors = huber(v - r)
+        if clip is not None:
+            errors = np.maximum(errors, huber(old + np.clip(v - old, -clip, clip) - r))
+        loss, _ = value_loss(*(torch.tensor(x) for x in (v, old, r, mask)), value_clip=clip, huber_delta=delta)
+        assert loss.item() == pytest.approx(errors[mask].mean(), rel=1e-9)
+        squared, _ = value_loss(*(torch.tensor(x) for x in (v, old, r, mask)), value_clip=clip)
+        unclipped = 0.5 * (v - r) ** 2
+        if clip is not None:
+            unclipped = np.maximum(unclipped, 0.5 * (old + np.clip(v - old, -clip, clip) - r) ** 2)
+        assert squared.item() == pytest.approx(unclipped[mask].mean(), rel=1e-9)
+
+
 # ---------------------------------------------------------------- composition
 def _full(**overrides):
     args = dict(
@@ -197,7 +223,7 @@ def test_early_stop_abandons_micro_batch_when_mean_ratio_too_high():
 def test_loss_hyperparameters_from_config():
     cfg = dict(
         ratio_clip_eps=0.2, clip_ratio_low=None, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_func="token-mean",
-        entropy_bonus=0.0, value_clip=None, value_loss_coef=0.5, kl_beta=0.0, kl_penalty_type="low_var_kl",
+        entropy_bonus=0.0, value_clip=None, huber_delta=None, value_loss_coef=0.5, kl_beta=0.0, kl_penalty_type="low_var_kl",
         early_stop_imp_ratio=5.0,
     )
     hp = loss_hyperparameters(cfg)

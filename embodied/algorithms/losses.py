@@ -28,7 +28,7 @@ from embodied.algorithms.levels import expand_like
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high",
-               "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.value_loss_coef",
+               "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.huber_delta", "algorithm.value_loss_coef",
                "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio",
                "algorithm.behave_weight_threshold")
 
@@ -181,17 +181,25 @@ def value_loss(
     mask: Tensor | None,
     *,
     value_clip: float | None,
+    huber_delta: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """``0.5 * (V - R)^2`` over valid entries; with ``value_clip`` the new value may move at most
-    that far from the rollout's value before the loss stops rewarding it (the pessimistic max of
-    clipped and unclipped errors, as in the PPO paper's code)."""
-    loss = (values - returns).square()
+    """``0.5 * (V - R)^2`` over valid entries, or with ``huber_delta`` Huber's loss (the same
+    inside ``|V - R| <= huber_delta``, linear outside, so that a few far-off returns do not
+    dominate the critic's gradient); with ``value_clip`` the new value may move at most that far
+    from the rollout's value before the loss stops rewarding it (the pessimistic max of clipped
+    and unclipped errors, as in the PPO paper's code)."""
+    def error(v: Tensor) -> Tensor:
+        if huber_delta is None:
+            return 0.5 * (v - returns).square()
+        return torch.nn.functional.huber_loss(v, returns, reduction="none", delta=huber_delta)
+
+    loss = error(values)
     clip_fraction = torch.zeros((), device=values.device)
     if value_clip is not None:
         clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
-        loss = torch.maximum(loss, (clipped_values - returns).square())
+        loss = torch.maximum(loss, error(clipped_values))
         clip_fraction = _masked_mean(((values - old_values).abs() > value_clip).to(values.dtype), mask)
-    value_loss_ = 0.5 * _masked_mean(loss, mask)
+    value_loss_ = _masked_mean(loss, mask)
     with torch.no_grad():
         returns_var = _masked_mean((returns - _masked_mean(returns, mask)).square(), mask)
         errors = returns - values
@@ -224,6 +232,7 @@ def actor_critic_loss(
     value_clip: float | None,
     value_loss_coef: float,
     ref_logprobs: Tensor | None,
+    huber_delta: float | None = None,
     kl_beta: float,
     kl_penalty_type: str,
     early_stop_imp_ratio: float | None,
@@ -264,7 +273,8 @@ def actor_critic_loss(
         **proximal,
     )
     if values is not None:
-        critic_loss, critic_metrics = value_loss(values, old_values, returns, mask, value_clip=value_clip)
+        critic_loss, critic_metrics = value_loss(values, old_values, returns, mask, value_clip=value_clip,
+                                                 huber_delta=huber_delta)
         loss = loss + value_loss_coef * critic_loss
         metrics.update(critic_metrics)
     if entropy is not None:
@@ -297,7 +307,7 @@ def _loss_mask(mask: Tensor | None, token_mask: Tensor | None, target: Tensor) -
 
 
 _LOSS_KEYS = (
-    "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "value_loss_coef",
+    "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "huber_delta", "value_loss_coef",
     "kl_beta", "kl_penalty_type", "early_stop_imp_ratio",
 )
 _OPTIONAL_KEYS = ("behave_weight_threshold",)  # keys only some losses read (the actor passes them on)

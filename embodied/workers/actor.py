@@ -253,7 +253,7 @@ class ActorWorker(Worker):
         with self.autocast():
             out = self.policy(mb.forward_inputs, mb.actions)
         loss, metrics = value_loss(out.values.float(), mb.old_values, mb.returns, mb.mask,
-                                   value_clip=self.loss_args["value_clip"])
+                                   value_clip=self.loss_args["value_clip"], huber_delta=self.loss_args["huber_delta"])
         return self.loss_args["value_loss_coef"] * loss, metrics
 
     def _imitation_loss(self, mb: DemoSamples) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
