@@ -142,7 +142,8 @@ ROLLOUT_TRAINING = ("algorithm.adv_type", "algorithm.group_size", "algorithm.gam
                     "algorithm.huber_delta", "algorithm.value_loss_coef", "algorithm.critic_warmup",
                     "algorithm.entropy_bonus", "algorithm.calculate_entropy",
                     "algorithm.kl_beta", "algorithm.target_kl", "algorithm.early_stop_imp_ratio",
-                    "algorithm.rollout_epoch", "algorithm.update_epochs", "algorithm.staleness_threshold",
+                    "algorithm.rollout_epoch", "algorithm.update_epochs", "algorithm.shuffle_rollout",
+                    "algorithm.staleness_threshold",
                     "algorithm.logprob_type", "algorithm.entropy_type", "rollout.recompute_logprobs",
                     "actor.optim.value_lr")
 

@@ -398,8 +398,6 @@ RLINF_KEYS: dict[str, Rule] = {
                                              "they all succeed or all fail, not by bounds on the mean reward"),
     "algorithm.max_num_gen_batches": Implied(_equals(1), "generating more batches until enough groups pass "
                                              "filter_rewards is not implemented"),
-    "algorithm.shuffle_rollout": Implied(_equals(True), "minibatches are always drawn in a shuffled order "
-                                         "here (actor.seed)"),
     "algorithm.importance_sampling_fix": Implied(_equals(False), "an importance-sampling correction between "
                                                  "rollout and actor log-probs is not implemented"),
     "algorithm.training_batch_size_per_gpu": Convert(

@@ -196,3 +196,16 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(tmp_path):
     assert set(scalars(logs, "critic/value_loss")) == {1, 2, 3}
     assert set(scalars(logs, "actor/policy_loss")) == {3}  # no policy loss while the critic warms up
 
+
+
+def test_shuffle_rollout_draws_minibatches_shuffled_or_in_the_rollouts_order():
+    from embodied.workers.actor import _minibatches
+
+    ordered = [m.tolist() for m in _minibatches(10, 4, 2, torch.Generator().manual_seed(0), shuffle=False)]
+    assert ordered == [[0, 1, 2, 3], [4, 5, 6, 7]] * 2  # the partial last minibatch dropped
+    shuffled = [m.tolist() for m in _minibatches(10, 4, 2, torch.Generator().manual_seed(0), shuffle=True)]
+    assert len(shuffled) == 4 and shuffled != ordered
+    for first, second in (shuffled[:2], shuffled[2:]):  # within a pass, no sample twice
+        assert len(set(first) | set(second)) == 8
+    again = [m.tolist() for m in _minibatches(10, 4, 2, torch.Generator().manual_seed(0))]
+    assert again == shuffled  # shuffling stays the default, seeded as before

@@ -38,7 +38,8 @@ from embodied.worker import Worker
 CONFIG_KEYS = ("algorithm.loss_type", "algorithm.kl_beta", "algorithm.entropy_bonus",
                "algorithm.calculate_entropy", "algorithm.use_kl_in_reward", "algorithm.target_kl",
                "algorithm.logprob_type", "algorithm.entropy_type", "algorithm.update_epochs",
-               "algorithm.logprob_forward_micro_batch_size", "algorithm.critic_warmup", "rollout.recompute_logprobs",
+               "algorithm.shuffle_rollout", "algorithm.logprob_forward_micro_batch_size", "algorithm.critic_warmup",
+               "rollout.recompute_logprobs",
                "actor.micro_batch_size", "actor.global_batch_size", "actor.seed", "actor.optim.lr",
                "actor.optim.value_lr", "actor.optim.clip_grad", "actor.optim.max_skipped_updates",
                "actor.model.gradient_checkpointing")
@@ -113,7 +114,7 @@ class ActorWorker(Worker):
             loss_of = self._critic_loss
             self.optimizer.param_groups[0]["lr"] = 0.0  # the policy's group (the critic's is the second)
         self.policy.train()
-        for index in _minibatches(count, per_rank, self.algo.update_epochs, generator):
+        for index in _minibatches(count, per_rank, self.algo.update_epochs, generator, self.algo.shuffle_rollout):
             metrics = self._minibatch(batch, index, micro, loss_of)
             for key, value in metrics.items():
                 sums[key] += value
@@ -304,10 +305,11 @@ class ActorWorker(Worker):
         self.backend.load(self.policy, self.optimizer, Path(folder) / "actor", with_optimizer)
 
 
-def _minibatches(count: int, size: int, epochs: int, generator: torch.Generator):
-    """Sample indices of each minibatch: ``epochs`` shuffled passes, a partial last one dropped."""
+def _minibatches(count: int, size: int, epochs: int, generator: torch.Generator, shuffle: bool = True):
+    """Sample indices of each minibatch: ``epochs`` passes (shuffled, or in the rollout's order),
+    a partial last one dropped."""
     for _ in range(epochs):
-        order = torch.randperm(count, generator=generator)
+        order = torch.randperm(count, generator=generator) if shuffle else torch.arange(count)
         for start in range(0, count - size + 1, size):
             yield order[start:start + size]
 
