@@ -517,8 +517,6 @@ RLINF_KEYS: dict[str, Rule] = {
     # the other components
     "data.filter_prompt_by_length": Implied(_equals(True), "prompts longer than data.max_prompt_length "
                                             "are always dropped (and counted) here"),
-    "data.apply_chat_template": Implied(_equals(True), "the text env applies the tokenizer's chat template "
-                                        "whenever the tokenizer has one"),
     "data.dataset_name": Implied(lambda v, their: their.reasoning, "only RLinf's VLM datasets read it"),
     "reward.group_name": Implied(_always, "a worker group's name (the env workers score answers here)"),
     "reward.tokenizer": Implied(lambda v, their: v == their.get(their.key.replace("reward.", "actor.", 1)),

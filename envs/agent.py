@@ -97,9 +97,9 @@ class Conversation:
     """Token ids of chat messages, for one tokenizer: the first prompt, and each later
     observation alone (sliced off ``_BASE`` so that the template's separators are right)."""
 
-    def __init__(self, tokenizer, multi_turn: bool, eos: int):
+    def __init__(self, tokenizer, multi_turn: bool, eos: int, template: bool = True):
         self.tokenizer, self.multi_turn, self.eos = tokenizer, multi_turn, eos
-        self.templated = bool(tokenizer.chat_template)
+        self.templated = bool(tokenizer.chat_template) and template
         if self.templated:
             self.base = self._template(_BASE, False)
             # what the template puts after an assistant's end token, before the next message
@@ -189,7 +189,8 @@ class AgentEnv:
         eos = params.get("eos_token_id")
         self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
-        self.conversation = Conversation(self.tokenizer, bool(params["conversation_multi_turn"]), self.eos)
+        self.conversation = Conversation(self.tokenizer, bool(params["conversation_multi_turn"]), self.eos,
+                                         bool(params["apply_chat_template"]))
         self._episode = np.full(num_envs, -1, np.int64)
         self.episodes: list[Episode] = []
         self._counts: dict[str, float] = defaultdict(float)

@@ -19,7 +19,7 @@ prompt comes once per epoch; the ``group_size`` envs of a group share it (with
 see the first ``total_num_envs / group_size`` prompts, each exactly once.
 
 Prompts longer than ``max_prompt_length`` tokens (after the tokenizer's chat template, when it
-has one) are dropped when loading, and counted (``<split>/prompts_filtered``). Each episode's
+has one and ``apply_chat_template`` is on) are dropped when loading, and counted (``<split>/prompts_filtered``). Each episode's
 ``task_descriptions`` is the stem of its prompt's data file, so success (= accuracy) is also
 reported per data file. ``init_params`` (see config/env/math_*.yaml) carry the ``data.*`` keys,
 the tokenizer and ``reward.reward_scale`` down to the env.
@@ -148,10 +148,11 @@ def load_prompts(params: Mapping[str, Any], tokenizer) -> tuple[list[Prompt], in
         raise DataError("no data files: set data.train_data_paths / data.val_data_paths")
     limit = int(params["max_prompt_length"])
     prompts, dropped = [], 0
+    templated = bool(tokenizer.chat_template) and params["apply_chat_template"]
     for path in paths:
         records = read_records(path, params["prompt_key"], params["answer_key"])
-        texts = [_template(tokenizer, p) for p, _ in records]
-        encoded = tokenizer(texts, add_special_tokens=not tokenizer.chat_template)["input_ids"]
+        texts = [_template(tokenizer, p) if templated else p for p, _ in records]
+        encoded = tokenizer(texts, add_special_tokens=not templated)["input_ids"]
         for text, ids, (_, answer) in zip(texts, encoded, records):
             if len(ids) > limit:
                 dropped += 1

@@ -43,7 +43,7 @@ def agent_cfg(data: Path, tokenizer: Path, **params) -> dict:
             "use_fixed_reset_state_ids": False, "group_size": 1, "max_episode_steps": 3, "use_rel_reward": False,
             "reward_coef": 1.0, "seed": 0, "each_reset_state_once": False, "video_cfg": {"save_video": False},
             "init_params": {"data_paths": [str(data)], "prompt_key": "prompt", "shuffle": False,
-                            "max_prompt_length": 400, "tokenizer_model": str(tokenizer),
+                            "max_prompt_length": 400, "tokenizer_model": str(tokenizer), "apply_chat_template": True,
                             "game": "arithmetic_tools", "game_config": {}, "conversation_multi_turn": True,
                             "drift_check": "strict", "tools": ["calculator", "python"], "tool_timeout_s": 2.0,
                             "max_tool_response_length": 64, "tool_response_truncate_side": "left",

@@ -24,7 +24,7 @@ def _cfg(model, **over):
 
 def _obs(tiny_math, count=32, width=8):
     params = {"data_paths": [str(tiny_math["data"] / "test.jsonl")], "prompt_key": "prompt",
-              "answer_key": "answer", "max_prompt_length": width}
+              "answer_key": "answer", "max_prompt_length": width, "apply_chat_template": True}
     prompts, _ = load_prompts(params, load_tokenizer({"model_path": str(tiny_math["model"])}))
     ids = np.zeros((count, width), np.int64)
     mask = np.zeros_like(ids)

@@ -798,20 +798,13 @@ def test_an_override_of_a_key_neither_rlinf_nor_we_have_is_listed_with_a_suggest
 
 
 # ------------------------------------------------------------------ math GRPO in both styles
-ACCEPT_MATH = ["data.apply_chat_template=true", "rollout.rollout_backend=huggingface"]
-
-
 @pytest.mark.parametrize("style", ["v0.1", "current"])
 def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_path, capsys):
     folder = _math(tmp_path, style, tiny_math)
-    code, _, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run")
-    assert code == 2
-    assert "data.apply_chat_template = False: the text env applies the tokenizer's chat template" in err
-
-    code, out, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run", *ACCEPT_MATH)
+    code, out, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run")  # nothing but the paths overridden
     assert code == 0, err
     assert "config OK" in out and "experiment: grpo-tiny (math)" in out
-    cfg = rlinf.compose("qwen2.5-grpo-fsdp", ACCEPT_MATH, folder)
+    cfg = rlinf.compose("qwen2.5-grpo-fsdp", (), folder)
     assert cfg.runner.task_type == "math" and cfg.actor.model.model_type == "causal_lm"
     assert cfg.actor.micro_batch_size == 2          # algorithm.training_batch_size_per_gpu
     assert cfg.actor.global_batch_size == 16        # rollout_batch_size 8 x group 4 / n_minibatches 2
@@ -823,6 +816,7 @@ def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_pat
     assert cfg.actor.fsdp_config.mixed_precision.param_dtype == "fp32"  # null: no mixed-precision policy
     assert not cfg.actor.optim.fp16 and cfg.actor.optim.use_distributed_optimizer  # Megatron's, dropped
     assert cfg.data.train_data_paths == [str(tiny_math["data"] / "train.jsonl")]
+    assert cfg.data.apply_chat_template is False and cfg.env.train.init_params.apply_chat_template is False
 
 
 # ------------------------------------------------------------------ the table

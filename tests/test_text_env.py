@@ -81,8 +81,8 @@ def test_a_response_past_the_deadline_scores_zero_and_is_counted():
 
 def _env_cfg(tiny_math, **over):
     params = dict(data_paths=[str(tiny_math["data"] / "test.jsonl")], shuffle=False, prompt_key="prompt",
-                  answer_key="answer", max_prompt_length=8, reward_scale=2.0, tokenizer_model=None,
-                  model_path=str(tiny_math["model"]), use_fast=True, trust_remote_code=False,
+                  answer_key="answer", apply_chat_template=True, max_prompt_length=8, reward_scale=2.0,
+                  tokenizer_model=None, model_path=str(tiny_math["model"]), use_fast=True, trust_remote_code=False,
                   pass_at_group=False)
     params.update(over.pop("init_params", {}))
     cfg = dict(env_type="text", total_num_envs=8, auto_reset=False, ignore_terminations=False,
@@ -176,7 +176,7 @@ def test_parquet_and_a_chat_template(tmp_path, tiny_math):
     assert read_records(tmp_path / "set.parquet", "prompt", "answer") == [("1+2=", "3"), ("3+4=", "7")]
     tokenizer.chat_template = "{% for m in messages %}={{ m['content'] }}{% endfor %}"
     prompts, _ = load_prompts({"data_paths": [str(tmp_path / "set.parquet")], "prompt_key": "prompt",
-                               "answer_key": "answer", "max_prompt_length": 8}, tokenizer)
+                               "answer_key": "answer", "max_prompt_length": 8, "apply_chat_template": True}, tokenizer)
     assert [p.text for p in prompts] == ["=1+2=", "=3+4="]
 
 
@@ -194,7 +194,7 @@ def test_bad_data_is_one_message_naming_file_line_and_key(tmp_path, tiny_math, c
     tokenizer = load_tokenizer({"model_path": str(tiny_math["model"])})
     with pytest.raises(DataError, match=message):
         load_prompts({"data_paths": [str(path)], "prompt_key": "prompt", "answer_key": "answer",
-                      "max_prompt_length": 8}, tokenizer)
+                      "max_prompt_length": 8, "apply_chat_template": True}, tokenizer)
 
 
 def _parquet(path: Path, groups: int = 4) -> bytes:
@@ -264,3 +264,21 @@ def test_responses_end_at_the_configured_eos(tiny_math):
         e.reset()
     assert env.chunk_step(tokens)[1][:, 0].tolist() == [-2.0] * 8  # '<answer>+7' is not the answer
     assert custom.eos == stop and custom.chunk_step(tokens)[1][:, 0].tolist() == [2.0] * 8
+
+
+def test_apply_chat_template_false_keeps_the_prompt_text_as_it_is(tiny_math, tmp_path):
+    """RLinf's data.apply_chat_template: with a tokenizer that has a template, false tokenizes the
+    prompt itself (with the tokenizer's special tokens), true the templated conversation."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "templated"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
+    tokenizer.chat_template = "{% for m in messages %}Q:{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    tokenizer.save_pretrained(folder)
+    params = {"data_paths": [str(tiny_math["data"] / "test.jsonl")], "prompt_key": "prompt", "answer_key": "answer",
+              "max_prompt_length": 16}
+    plain, _ = load_prompts(params | {"apply_chat_template": False}, tokenizer)
+    templated, _ = load_prompts(params | {"apply_chat_template": True}, tokenizer)
+    first = read_records(tiny_math["data"] / "test.jsonl", "prompt", "answer")[0][0]
+    assert plain[0].text == first and plain[0].ids == tokenizer(first)["input_ids"]
+    assert templated[0].text == f"Q:{first}A:" and len(templated[0].ids) == len(plain[0].ids) + 4
