@@ -39,6 +39,7 @@ def policy(tiny_math):
     return CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.7))
 
 
+@pytest.mark.slow
 def test_rollout_logprobs_equal_the_recomputed_ones(policy, tiny_math):
     torch.manual_seed(1)
     out = policy.act(_obs(tiny_math))

@@ -117,6 +117,7 @@ def channel(cluster):
         assert segments(ch._prefix) == []
 
 
+@pytest.mark.slow
 def test_nested_payloads_round_trip_bit_exact_and_in_order(channel):
     ch = channel()
     peer = Peer.remote()
@@ -155,6 +156,7 @@ def test_arrays_arrive_as_views_of_reused_shared_memory(channel):
     assert 1 <= len(slots) <= 4  # queue bound 2 + one being written + one held here
 
 
+@pytest.mark.slow
 def test_many_producers_keep_their_order(channel):
     ch = channel(maxsize=3)
     peers = [Peer.remote() for _ in range(3)]
@@ -168,6 +170,7 @@ def test_many_producers_keep_their_order(channel):
     assert all(steps == list(range(40)) for steps in seen.values())
 
 
+@pytest.mark.slow
 def test_bounded_queue_blocks_producer_until_a_get(channel):
     ch = channel(maxsize=2)
     peer = Peer.remote()
@@ -331,6 +334,7 @@ MULTI_NODE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_cross_node_keys_fall_back_to_the_object_store(tmp_path):
     """Two Ray nodes on this machine (ray.cluster_utils): a key's home is the node that touched it
     first, and processes on the other node reach it through Ray's object store."""

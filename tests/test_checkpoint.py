@@ -118,6 +118,7 @@ def small_mount(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_unwritable_log_path_is_refused_before_anything_starts(tmp_path, small_mount):
     from embodied.cli import load
     from embodied.config import ConfigError

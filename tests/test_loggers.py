@@ -51,6 +51,7 @@ def test_swanlab_runs_offline_without_login_and_its_run_file_reads_back(tmp_path
     assert scalars == [("train/loss", 0, 0.0), ("train/loss", 1, 1.0), ("train/loss", 2, 2.0)]
 
 
+@pytest.mark.slow
 def test_wandb_runs_offline_without_login(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))

@@ -173,6 +173,7 @@ def test_a_rebuilt_env_continues_the_episode_numbering(push_sim):
 @pytest.mark.parametrize("name, task", [("maniskill_push_cube", "PushCube-v1"),
                                         ("maniskill_pick_cube", "PickCube-v1"),
                                         ("maniskill_stack_cube", "StackCube-v1")])
+@pytest.mark.slow
 def test_task_configs_build_and_step(name, task):
     cfg = load_env_config(name, ["init_params.obs_mode=state"])
     assert cfg.init_params.id == task
@@ -184,6 +185,7 @@ def test_task_configs_build_and_step(name, task):
         assert env.sim.env.env.unwrapped.render_mode is None  # no video, nothing rendered
 
 
+@pytest.mark.slow
 def test_rgb_cameras_and_video(tmp_path):
     """StackCube's robot carries a wrist camera; sizes come from init_params; the video wrapper
     tiles both cameras of both envs."""
@@ -210,6 +212,7 @@ def test_rgb_cameras_and_video(tmp_path):
     assert frames.shape == (7, 48, 2 * 2 * 64, 3)  # reset + 3 chunks x 2 steps; 2 envs x (main | wrist)
 
 
+@pytest.mark.slow
 def test_state_observations_with_video_render_the_scene(tmp_path):
     """PushCube with obs_mode state has no cameras: its scene is rendered at the camera size for
     the video (one frame per reset and env step, also across an auto-reset), and the observations
@@ -235,6 +238,7 @@ def test_state_observations_with_video_render_the_scene(tmp_path):
     assert np.abs(frames[1] - frames[0]).mean() > 0.5  # the arm moved
 
 
+@pytest.mark.slow
 def test_the_wrist_camera_panda_warning_is_dropped_and_other_warnings_show_once():
     """panda_wristcam is the Panda plus a camera: ManiSkill's "not in the task's list of
     supported robots", printed at every env construction, is known harmless for Panda tasks."""
@@ -280,6 +284,7 @@ def test_unsupported_control_mode_names_the_supported_ones():
         make_vector_env(cfg, num_envs=1)
 
 
+@pytest.mark.slow
 def test_missing_vulkan_device_says_how_to_fix_it(tmp_path):
     script = ("from envs.maniskill import ManiSkillEnv, check_params\n"
               "from embodied.config import load_env_config\n"

@@ -20,6 +20,7 @@ def sensors(env) -> list[str]:
     return list(env.sim.env.env.unwrapped._sensors)
 
 
+@pytest.mark.slow
 def test_only_the_cameras_the_policy_reads_are_rendered():
     with make_vector_env(load_env_config("maniskill_push_cube", SMALL + [
             "init_params.obs_mode=rgb", "init_params.wrist_camera=null"]), num_envs=1) as env:
@@ -31,6 +32,7 @@ def test_only_the_cameras_the_policy_reads_are_rendered():
             "init_params.obs_mode=rgb", "init_params.main_camera=front"]), num_envs=1)
 
 
+@pytest.mark.slow
 def test_rgb_state_gives_the_state_envs_states_beside_the_images():
     """Same seeds and actions: ``privileged_states`` of rgb+state are the states of a state env,
     ``states`` the proprioception of an rgb env (qpos, qvel, tcp pose: no cube or goal)."""
@@ -56,6 +58,7 @@ def robot_triangles(env) -> int:
                for shape in body.render_shapes for part in shape.parts)
 
 
+@pytest.mark.slow
 def test_simplified_meshes_draw_the_same_scene_from_a_sixth_of_the_triangles():
     """``render_mesh_triangles``: same seed and actions, the Panda drawn from at most 2000
     triangles a mesh. The frames differ in a few edge pixels only, the arm is drawn where the

@@ -65,6 +65,7 @@ def cluster():
     cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_rollout_offload_releases_the_weights_and_the_next_sync_restores_them(cluster):
     # bins: the action head's bin values are a non-persistent buffer that no weight sync carries
     cfg = compose("maniskill_ppo_mlp", ["actor.model.action_distribution=bins", "rollout.enable_offload=true"])
@@ -98,6 +99,7 @@ def test_rollout_offload_releases_the_weights_and_the_next_sync_restores_them(cl
         group.shutdown()
 
 
+@pytest.mark.slow
 def test_actor_offload_frees_gradients_and_keeps_parameters_and_optimizer_state(cluster):
     cfg = compose("maniskill_ppo_mlp", ["actor.enable_offload=true"])
     group = WorkerGroup.launch(ProbedActor, cluster, cluster.plan({"actor": "all"}), "actor",

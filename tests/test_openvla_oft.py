@@ -546,6 +546,7 @@ def _fsdp_rank(rank: int, port: int, ckpt: str, save_dir: str, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_lora_under_fsdp2_trains_syncs_only_adapters_and_saves(ckpt, tmp_path):
     import socket
 

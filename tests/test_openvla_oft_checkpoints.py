@@ -397,6 +397,7 @@ def test_7b_config_matches_the_public_names_and_shapes_with_the_l1_head():
     assert value_head_shapes(4096)["value_head.mlp.0.weight"] == (512, 4096)
 
 
+@pytest.mark.slow
 def test_eval_config_for_the_l1_head_and_exit_code_2(plain_ckpt, tmp_path):
     import subprocess
     import sys

@@ -172,6 +172,7 @@ def bandit_reward(actions, obs, model_type):
     return -(actions.clamp(-1, 1) - target).square().sum(dim=(1, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, dist", KINDS)
 def test_ppo_improves_contextual_bandit_return(model_type, dist):
     torch.manual_seed(0)
@@ -236,6 +237,7 @@ def _fsdp_rank(rank, port, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_evaluate_under_fsdp2_reproduces_act():
     import socket
 

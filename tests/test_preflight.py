@@ -265,6 +265,7 @@ def test_eval_checks_only_the_eval_env(tiny_l1, capsys):
 
 
 # ---------------------------------------------------------------- what the checks rest on
+@pytest.mark.slow
 def test_maniskill_description_is_what_the_env_observes():
     """The driver's description (one scene, never rendered) against a real env's observation."""
     from envs.maniskill import ManiSkillEnv, check_params
@@ -289,6 +290,7 @@ def test_checkpoint_keys_are_options_the_policy_reads():
         assert set(policy.checkpoint_keys) <= keys, name
 
 
+@pytest.mark.slow
 def test_exit_code_2_from_the_command(old_lora_run, tiny):
     """The installed command itself: exit code 2 and the message within seconds."""
     tic = time.monotonic()

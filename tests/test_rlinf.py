@@ -666,6 +666,7 @@ def test_rlinf_files_are_recognized_and_ours_are_not(maniskill_v01, tmp_path):
     assert not rlinf.is_rlinf_config(tmp_path, "ours")  # our schema first: a config of ours
 
 
+@pytest.mark.slow
 def test_our_configs_compose_exactly_as_before():
     for name in SHIPPED:
         ours = OmegaConf.to_container(compose(name))
@@ -798,6 +799,7 @@ def test_an_override_of_a_key_neither_rlinf_nor_we_have_is_listed_with_a_suggest
 
 
 # ------------------------------------------------------------------ math GRPO in both styles
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["v0.1", "current"])
 def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_path, capsys):
     folder = _math(tmp_path, style, tiny_math)

@@ -70,6 +70,7 @@ def _outside(rule: Rule, default):
 @pytest.mark.parametrize("config,model_type", [("maniskill_ppo_mlp", "mlp"), ("maniskill_ppo_cnn", "cnn"),
                                                 ("maniskill_ppo_openvla_oft", "openvla_oft"),
                                                 ("math_grpo_tiny", "causal_lm")])
+@pytest.mark.slow
 def test_a_value_outside_a_rule_stops_validation_naming_the_key(config, model_type):
     cfg = compose(config)
     checked = 0

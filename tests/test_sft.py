@@ -161,6 +161,7 @@ def _train(args: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_demos_stop_the_command_naming_the_file_episode_and_key(tmp_path, capsys):
     import h5py
 

@@ -116,6 +116,7 @@ def test_the_refused_keys_are_keys_of_the_schema():
     assert [key for key in REFUSED if not any(k == key or k.startswith(key + ".") for k in leaves)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,model_type", [("maniskill_ppo_mlp", "mlp"), ("maniskill_ppo_openvla_oft", "openvla_oft")])
 def test_each_refused_key_stops_the_command_naming_it(config, model_type):
     """Every leaf that the table refuses, set to another value than its default."""
@@ -132,6 +133,7 @@ def test_each_refused_key_stops_the_command_naming_it(config, model_type):
         assert message.startswith(f"{path}: not supported: ") and ", because " in message, message
 
 
+@pytest.mark.slow
 def test_refusal_is_one_line_and_exit_code_2():
     done = subprocess.run([sys.executable, "-m", "embodied", "train", "actor.optim.bf16=true"],
                           capture_output=True, text=True, timeout=120)
@@ -170,6 +172,7 @@ def test_a_run_with_every_option_on_trains_on_two_fsdp2_ranks(tmp_path):
     assert all(w.dtype == torch.float32 for w in weights.values())  # fp32 master weights
 
 
+@pytest.mark.slow
 def test_critic_warmup_trains_only_the_critic_for_its_steps(tmp_path):
     """``algorithm.critic_warmup: 2``: the checkpoints of steps 1 and 2 hold the same actor and
     different critics; step 3 moves the actor (through the real workers, actor on two ranks)."""

@@ -136,6 +136,7 @@ def pair(cluster):
         group.shutdown()
 
 
+@pytest.mark.slow
 def test_cluster_is_embedded_and_sized_to_machine(cluster):
     assert cluster.accelerator == "cpu"
     assert cluster.devices_per_node == int(ray.cluster_resources()["CPU"])
@@ -164,6 +165,7 @@ def test_gloo_all_reduce_set_up_by_launcher(pair):
     assert results == [[0, 2, [3.0, 10.0]], [1, 2, [3.0, 10.0]]]
 
 
+@pytest.mark.slow
 def test_raising_rank_is_named_without_waiting_for_the_others(pair):
     group = pair()
     start = time.monotonic()
@@ -188,6 +190,7 @@ def test_killed_rank_is_named(pair):
         group.execute("pid")  # the group stays marked as failed
 
 
+@pytest.mark.slow
 def test_a_rank_that_raised_because_its_collective_peer_died_reports_the_death(cluster, tmp_path):
     """Rank 1 dies of SIGSEGV while both ranks run gloo collectives; rank 0's gloo error may reach
     the driver first, but the error is rank 1's death (what a restart answers), with the signal
@@ -226,6 +229,7 @@ def test_idle_rank_death_ends_a_wait_on_another_group(cluster):
         rollout.shutdown()
 
 
+@pytest.mark.slow
 def test_error_in_another_group_ends_a_wait(cluster):
     plan = cluster.plan({"env,rollout": "all"})
     env = WorkerGroup.launch(Echo, cluster, plan, "env", name="EnvGroup", args=(1,))
@@ -241,6 +245,7 @@ def test_error_in_another_group_ends_a_wait(cluster):
         rollout.shutdown()
 
 
+@pytest.mark.slow
 def test_a_rank_that_lost_a_dead_peer_names_the_dead_group(cluster):
     """Both the waiting rank's error and the dead process's watch are in when the driver looks
     (it sees the call's first), yet the group whose process is gone is the one named: in a
@@ -262,6 +267,7 @@ def test_a_rank_that_lost_a_dead_peer_names_the_dead_group(cluster):
         rollout.shutdown()
 
 
+@pytest.mark.slow
 def test_failed_init_is_named_and_frees_the_devices(cluster, pair):
     with pytest.raises(WorkerError, match=r"BrokenGroup rank 1 on node 0 \(.+?\) raised in __init__\(\): RuntimeError: cannot load model"):
         pair(BrokenInit, args=(), name="BrokenGroup")
@@ -340,6 +346,7 @@ def test_num_nodes_is_checked_against_ray(cluster):
         Cluster(num_gpus_per_node=1)
 
 
+@pytest.mark.slow
 def test_driver_joins_a_running_cluster_by_address(cluster, tmp_path):
     """A second driver joins this module's Ray cluster, by cluster.ray_address and by RAY_ADDRESS."""
     address = ray.get_runtime_context().gcs_address
@@ -360,6 +367,7 @@ def test_driver_joins_a_running_cluster_by_address(cluster, tmp_path):
     assert Cluster(num_nodes=1).node_ids == cluster.node_ids  # still up for the other tests
 
 
+@pytest.mark.slow
 def test_a_local_cluster_starts_without_rays_token_auth_warning():
     """Ray warns on every start of a local cluster that it enabled token authentication (which
     stays on); that line is dropped."""
@@ -372,6 +380,7 @@ def test_a_local_cluster_starts_without_rays_token_auth_warning():
     assert "Token authentication" not in out.stderr and out.stdout.split() == ["token"]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_rays_memory_monitor_is_reported_dead():
     """Ray's memory monitor kills a rank that allocates past the node's threshold (set here 2.5 GB
     above what the machine uses, in a cluster of its own): a death, which the runner restarts, not
