@@ -11,7 +11,7 @@ One step of this env is one turn. Its observation is the whole conversation so f
 to ``max_prompt_length`` tokens (the total context); its action is the turn's response ids.
 Token-in, token-out: the response ids are appended verbatim (never decoded and re-encoded), the
 observation ids come from the chat template applied to the new messages alone, sliced off a
-fixed base conversation (with ``conversation_multi_turn: false``, SkyRL's single-message layout,
+fixed base conversation (with ``use_conversation_multi_turn: false``, SkyRL's single-message layout,
 from the observation text as is). So observation tokens only ever sit in the context of later
 turns, never in a turn's action, and never train. A turn's reward is that step's reward (on its
 last generated token, at the token level); an outcome-only game rewards the last turn.
@@ -127,7 +127,7 @@ class Conversation:
         full = self._template(_BASE + messages, True)
         if full[:len(self.base)] != self.base:
             raise EnvSetupError("the tokenizer's chat template does not extend a conversation by appending "
-                                "tokens; set env.*.init_params.conversation_multi_turn: false")
+                                "tokens; set env.*.init_params.use_conversation_multi_turn: false")
         return full[len(self.base):]
 
     def _plain(self, text: str) -> list[int]:
@@ -139,11 +139,12 @@ class Conversation:
         is the turn's only separator)."""
         if self.templated and self.multi_turn:
             return self._template(messages, messages[-1]["role"] != "assistant")
-        ids, answers = [], iter(ended)
-        for message in messages:
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        ids, answers = self.prompt(messages[:first]), iter(ended)
+        for message in messages[first:]:
             ids += self._plain(message["content"])
             if message["role"] == "assistant" and next(answers):
-                ids += [self.eos] + self.after_eos
+                ids += [self.eos] + (self.after_eos if self.multi_turn else [])
         return ids
 
 
@@ -189,7 +190,7 @@ class AgentEnv:
         eos = params.get("eos_token_id")
         self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
-        self.conversation = Conversation(self.tokenizer, bool(params["conversation_multi_turn"]), self.eos,
+        self.conversation = Conversation(self.tokenizer, bool(params["use_conversation_multi_turn"]), self.eos,
                                          bool(params["apply_chat_template"]))
         self._episode = np.full(num_envs, -1, np.int64)
         self.episodes: list[Episode] = []
@@ -273,7 +274,7 @@ class AgentEnv:
     def _turn(self, episode: Episode, response: list[int], ended: bool, text: str) -> tuple[float, bool, bool]:
         """The game's answer to one response: ``(reward, terminated, truncated)``."""
         episode.add(response, generated=True)
-        if ended:
+        if ended and self.conversation.multi_turn:  # SkyRL's single-message layout appends text as is
             episode.add(self.conversation.after_eos, generated=False)
         episode.messages.append({"role": "assistant", "content": text})
         episode.ended.append(ended)

@@ -44,7 +44,7 @@ def agent_cfg(data: Path, tokenizer: Path, **params) -> dict:
             "reward_coef": 1.0, "seed": 0, "each_reset_state_once": False, "video_cfg": {"save_video": False},
             "init_params": {"data_paths": [str(data)], "prompt_key": "prompt", "shuffle": False,
                             "max_prompt_length": 400, "tokenizer_model": str(tokenizer), "apply_chat_template": True,
-                            "game": "arithmetic_tools", "game_config": {}, "conversation_multi_turn": True,
+                            "game": "arithmetic_tools", "game_config": {}, "use_conversation_multi_turn": True,
                             "drift_check": "strict", "tools": ["calculator", "python"], "tool_timeout_s": 2.0,
                             "max_tool_response_length": 64, "tool_response_truncate_side": "left",
                             "tool_output_format": "={}\n", **params}}
@@ -186,6 +186,18 @@ def test_bad_input_is_contained_and_counted(tmp_path, tokenizers):
     raising.reset()
     _, rewards, terminated, _, _ = raising.chunk_step(responses(raising, ["a", "b"]))
     assert terminated[:, 0].all() and not rewards.any() and raising.pop_metrics()["env_errors"] == 2
+
+
+def test_skyrls_single_message_layout_appends_the_observation_text_as_is(tmp_path, tokenizers):
+    env = AgentEnv(agent_cfg(write_rows(tmp_path / "rows.jsonl", ARITHMETIC), tokenizers["chatml"],
+                             use_conversation_multi_turn=False), 2)
+    env.reset()
+    prompt = len(env.episodes[0].ids)
+    env.chunk_step(responses(env, ["<calculator>123*45</calculator>"] * 2))
+    tail = env.episodes[0].ids[prompt:]
+    call = env.tokenizer("<calculator>123*45</calculator>", add_special_tokens=False)["input_ids"]
+    assert tail == call + [env.eos] + env.tokenizer("=5535\n", add_special_tokens=False)["input_ids"]
+    assert "drift" not in env.pop_metrics()  # the reference is built the same way
 
 
 def test_a_response_without_eos_and_an_overflowing_context_end_the_episode_truncated(tmp_path, tokenizers):
