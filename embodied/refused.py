@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 from embodied import backends, schema
-from embodied.algorithms import POLICY_LOSSES
+from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from envs import ENVS
 from policies import POLICIES
 
@@ -164,6 +164,9 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
             if key not in used:
                 readers = " or ".join(n for n in ENVS.names() if key in ENVS.declared(n)["reads"])
                 out[key] = f"only {readers} envs (env_type {readers}) read {what}"
+    adv = cfg.algorithm.adv_type
+    if not ADVANTAGES.declared(adv)["needs_value_head"]:
+        out["algorithm.huber_delta"] = f"algorithm.adv_type {adv} trains no critic (gae does: its value loss)"
     loss = cfg.algorithm.loss_type
     if POLICY_LOSSES.declared(loss)["imitation"]:
         out |= dict.fromkeys(ROLLOUT_TRAINING, f"algorithm.loss_type {loss} trains on demonstrations, not rollouts")

@@ -39,7 +39,7 @@ from core.description import EnvDescription
 from core.errors import DataError, EnvSetupError
 from core.registry import load
 from envs.protocol import ResetStates
-from envs.text import load_tokenizer, read_jsonl
+from envs.text import left_padded, load_tokenizer, read_jsonl, token_actions
 from envs.vector_env import read_options
 
 DRIFT_CHECKS = ("off", "warn", "strict")
@@ -237,22 +237,15 @@ class AgentEnv:
                                   "return": 0.0, "turns": 0, "ids": [], "generated": []})
 
     def _observation(self) -> dict[str, Any]:
-        ids = np.full((self.num_envs, self.width), self.pad, np.int64)
-        mask = np.zeros_like(ids)
-        for row, episode in enumerate(self.episodes):
-            kept = episode.ids[-self.width:]  # only an ended episode's can be longer
-            if kept:
-                ids[row, -len(kept):] = kept
-                mask[row, -len(kept):] = 1
+        # (only an ended episode's ids can be longer than the context: their tail is shown)
+        ids, mask = left_padded([e.ids for e in self.episodes], self.width, self.pad)
         return {"input_ids": ids, "attention_mask": mask, "task_descriptions": self.task_descriptions}
 
     def chunk_step(self, actions: np.ndarray):
         """One turn: ``actions[B, 1, L]`` are the responses (token ids, EOS then padding)."""
         if not self.episodes:
             raise RuntimeError("chunk_step before reset(): call reset() first")
-        actions = np.asarray(actions)
-        if actions.ndim != 3 or actions.shape[:2] != (self.num_envs, 1):
-            raise ValueError(f"actions: expected token ids of shape [{self.num_envs}, 1, L], got {list(actions.shape)}")
+        actions = token_actions(actions, self.num_envs)
         rewards = np.zeros(self.num_envs, np.float32)
         terminated = np.zeros(self.num_envs, bool)
         truncated = np.zeros(self.num_envs, bool)
@@ -284,7 +277,8 @@ class AgentEnv:
             return self._end(episode, 0.0, terminated=False)
         try:
             out = episode.game.step(text)
-            reward, over, observations = float(out["reward"]) * self.reward_coef, bool(out["done"]), out["observations"] or []
+            reward, over = float(out["reward"]) * self.reward_coef, bool(out["done"])
+            observations = out["observations"] or []
         except Exception as err:  # the game's bug fails this episode, never the run
             self._counts["env_errors"] += 1
             self._note_error({"turn": episode.turns, "response": text}, err)
@@ -307,7 +301,8 @@ class AgentEnv:
         episode.done = True
         if len(self._samples) < SAMPLES_KEPT:  # the ids and their mask, for checking them by token
             self._samples.append({"conversation": self.tokenizer.decode(episode.ids), "return": episode.returns,
-                                  "turns": episode.turns, "ids": list(episode.ids), "generated": list(episode.generated)})
+                                  "turns": episode.turns, "ids": list(episode.ids),
+                                  "generated": list(episode.generated)})
         if episode.game is not None:
             try:
                 self._game_metrics[type(episode.game)].append(episode.game.get_metrics())
@@ -399,7 +394,8 @@ def describe(cfg: Mapping[str, Any]) -> EnvDescription:
     check_config(cfg)
     params = cfg["init_params"]
     load_tokenizer(params)
-    for path in params["data_paths"]:
-        for row in read_rows(path, params["prompt_key"]):
-            game_class(row.get("env_class") or params["game"])
+    names = {row.get("env_class") or params["game"] for path in params["data_paths"]
+             for row in read_rows(path, params["prompt_key"])}
+    for name in sorted(names):
+        game_class(name)
     return EnvDescription()

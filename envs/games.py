@@ -64,11 +64,12 @@ class ArithmeticTools(Game):
         output = self.tools(action)
         if output is not None:
             self.used_tool = True
-            return {"observations": [{"role": "tool", "content": self.config["tool_output_format"].format(output.text)}],
+            shown = self.config["tool_output_format"].format(output.text)
+            return {"observations": [{"role": "tool", "content": shown}],
                     "reward": 0.0, "done": False, "metadata": {"tool_status": output.status}}
-        from envs.text import _verifier
+        from envs.text import shared_verifier
 
-        correct = bool(_verifier().score([action], [self.answer]).correct[0])
+        correct = bool(shared_verifier().score([action], [self.answer]).correct[0])
         return {"observations": [], "reward": float(correct), "done": True, "metadata": {}}
 
     def get_metrics(self) -> dict[str, Any]:

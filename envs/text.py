@@ -19,10 +19,11 @@ prompt comes once per epoch; the ``group_size`` envs of a group share it (with
 see the first ``total_num_envs / group_size`` prompts, each exactly once.
 
 Prompts longer than ``max_prompt_length`` tokens (after the tokenizer's chat template, when it
-has one and ``apply_chat_template`` is on) are dropped when loading, and counted (``<split>/prompts_filtered``). Each episode's
-``task_descriptions`` is the stem of its prompt's data file, so success (= accuracy) is also
-reported per data file. ``init_params`` (see config/env/math_*.yaml) carry the ``data.*`` keys,
-the tokenizer and ``reward.reward_scale`` down to the env.
+has one and ``apply_chat_template`` is on) are dropped when loading, and counted
+(``<split>/prompts_filtered``). Each episode's ``task_descriptions`` is the stem of its prompt's
+data file, so success (= accuracy) is also reported per data file. ``init_params`` (see
+config/env/math_*.yaml) carry the ``data.*`` keys, the tokenizer and ``reward.reward_scale``
+down to the env.
 """
 
 from __future__ import annotations
@@ -173,12 +174,33 @@ def _template(tokenizer, prompt: str) -> str:
 _VERIFIER: Verifier | None = None
 
 
-def _verifier() -> Verifier:
+def shared_verifier() -> Verifier:
     """One scoring pool per process, shared by its envs (stages score one after another)."""
     global _VERIFIER
     if _VERIFIER is None:
         _VERIFIER = Verifier()
     return _VERIFIER
+
+
+def left_padded(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """``input_ids`` / ``attention_mask`` ``[len(rows), width]``: each row's last ``width`` ids,
+    right-aligned after padding (the layout every text policy reads)."""
+    ids = np.full((len(rows), width), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for row, seq in enumerate(rows):
+        kept = list(seq)[-width:]
+        if kept:
+            ids[row, -len(kept):] = kept
+            mask[row, -len(kept):] = 1
+    return ids, mask
+
+
+def token_actions(actions: np.ndarray, num_envs: int) -> np.ndarray:
+    """A text env's actions: one response of token ids per env, ``[num_envs, 1, L]``."""
+    actions = np.asarray(actions)
+    if actions.ndim != 3 or actions.shape[:2] != (num_envs, 1):
+        raise ValueError(f"actions: expected token ids of shape [{num_envs}, 1, L], got {list(actions.shape)}")
+    return actions
 
 
 def describe(cfg: Mapping[str, Any]) -> EnvDescription:
@@ -256,12 +278,7 @@ class TextEnv:
         return self._observation()
 
     def _observation(self) -> dict[str, Any]:
-        ids = np.full((self.num_envs, self.max_prompt_length), self.pad, np.int64)
-        mask = np.zeros_like(ids)
-        for row, prompt in enumerate(self._current):
-            if prompt.ids:
-                ids[row, -len(prompt.ids):] = prompt.ids
-                mask[row, -len(prompt.ids):] = 1
+        ids, mask = left_padded([p.ids for p in self._current], self.max_prompt_length, self.pad)
         return {"input_ids": ids, "attention_mask": mask, "prompts": [p.text for p in self._current],
                 "task_descriptions": self.task_descriptions}
 
@@ -280,12 +297,10 @@ class TextEnv:
         """Score the responses ``actions[B, 1, L]`` (token ids, EOS then padding); ends every episode."""
         if not self._current:
             raise RuntimeError("chunk_step before reset(): call reset() first")
-        actions = np.asarray(actions)
-        if actions.ndim != 3 or actions.shape[:2] != (self.num_envs, 1):
-            raise ValueError(f"actions: expected token ids of shape [{self.num_envs}, 1, L], got {list(actions.shape)}")
+        actions = token_actions(actions, self.num_envs)
         done = np.full(self.num_envs, not self._stepped)
         texts, lengths = self.responses(actions)
-        verdicts = _verifier().score(texts, [p.answer for p in self._current])
+        verdicts = shared_verifier().score(texts, [p.answer for p in self._current])
         correct = np.asarray(verdicts.correct) & done
         rewards = np.where(correct, self.reward, -self.reward).astype(np.float32) * done
         solved = correct

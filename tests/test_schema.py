@@ -249,6 +249,8 @@ REFUSALS = [
     ("maniskill_ppo_mlp", ["algorithm.sampling_params.top_k=5"],
      "algorithm.sampling_params.top_k: not supported here, because mlp with the gaussian head samples no token logits"),
     ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text or agent envs"),
+    ("maniskill_grpo_mlp", ["algorithm.huber_delta=1.0"],
+     "algorithm.huber_delta: not supported here, because algorithm.adv_type grpo trains no critic"),
     ("maniskill_ppo_mlp", ["actor.model.is_lora=true"], "actor.model.is_lora: not supported: LoRA adapters"),
     ("maniskill_ppo_openvla_oft", ["actor.model.action_head=l1_regression", "algorithm.sampling_params.temperature=0.5"],
      "algorithm.sampling_params.temperature: not supported here, because openvla_oft with the l1_regression head"),
@@ -275,7 +277,7 @@ def test_a_key_set_where_nothing_reads_it_is_refused(config, overrides, message)
 def test_keys_that_this_config_reads_are_not_refused():
     refused.refuse_unsupported(compose("maniskill_ppo_openvla_oft", ["algorithm.sampling_params.temperature=0.5"]))
     refused.refuse_unsupported(compose("maniskill_ppo_mlp", ["actor.model.action_distribution=bins",
-                                                             "actor.model.n_action_bins=16"]))
+                                                             "actor.model.n_action_bins=16", "algorithm.huber_delta=1.0"]))
     refused.refuse_unsupported(compose("math_grpo_tiny", ["algorithm.sampling_params.top_p=0.9", "data.seed=3"]))
 
 
