@@ -5,6 +5,10 @@ An entry is either a ``"module:attr"`` string, imported on first use (choosing a
 imports transformers, choosing the text env never imports a simulator), or an object registered
 by decorator beside its definition. Entries carry declarations (``needs_value_head=True``, ...)
 that the code choosing them reads without importing the implementation.
+
+Every entry may declare ``reads``: the config keys that choosing it makes the run read, each
+with what it sets. A key that only other entries declare does nothing under this choice, so the
+config layer refuses it when set (``unread``), naming the entries that would read it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class Registry:
     def __init__(self, kind: str, config_key: str, entries: dict[str, str] | None = None, **defaults: Any):
         self.kind = kind
         self.config_key = config_key
-        self._defaults = defaults  # declarations every entry has unless it says otherwise
+        self._defaults = {"reads": {}, **defaults}  # declarations every entry has unless it says otherwise
         self._entries: dict[str, Any] = {}
         self._declared: dict[str, dict[str, Any]] = {}
         for name, target in (entries or {}).items():
@@ -79,6 +83,22 @@ class Registry:
         """What entry ``name`` declares, without importing it."""
         self._check(name)
         return dict(self._declared[name])
+
+    def reads(self, name: str) -> dict[str, str]:
+        """The config keys entry ``name`` reads, each with what it sets."""
+        return self.declared(name)["reads"]
+
+    def unread(self, name: str) -> dict[str, str]:
+        """Keys that other entries read and ``name`` does not, with why setting them does nothing."""
+        mine = self.reads(name)
+        out: dict[str, str] = {}
+        for other in self.names():
+            for key, what in self._declared[other]["reads"].items():
+                if key not in mine and key not in out:
+                    readers = [n for n in self.names() if key in self._declared[n]["reads"]]
+                    out[key] = (f"{self.config_key} {name} does not read it ({' or '.join(readers)} "
+                                f"{'does' if len(readers) == 1 else 'do'}: {what})")
+        return out
 
     def where(self, **declared: Any) -> list[str]:
         """The names whose declarations have these values."""

@@ -1,16 +1,13 @@
-"""The backends: how the actor distributes, steps and saves its policy (``actor.training_backend``),
-and what generates the rollouts (``rollout.backend``).
+"""The backends: how the actor distributes, steps and saves its policy (``actor.training_backend``,
+each a ``core.backend.TrainingBackend``), and what generates the rollouts (``rollout.backend``).
 
 - ``fsdp``: the model's policy class sharded with FSDP2 (``fully_shard``) over every actor rank,
   data parallel: each rank trains on its own samples, gradients are reduced in the backward pass.
-- ``megatron``: the model's Megatron-Core class (the model registry's ``training`` declaration,
-  ``policies/__init__.py``), tensor parallel over ``actor.model.tensor_model_parallel_size``
-  consecutive ranks and data parallel over the rest, with a plain torch optimizer: the ranks of
-  a tensor-parallel group train on the same samples, gradients are averaged over the data-parallel
-  replicas after the last backward and clipped counting each shard once.
+- ``megatron``: Megatron-Core tensor parallelism and data parallelism over the rest
+  (``policies/megatron/backend.py``).
 
-Each training backend gives the actor the same few steps (``build``, ``wrap``, ``micro_batch``,
-``clip_gradients``, ``save``, ``load``), and the config layer the keys it does not read.
+Each registry entry declares the keys only it reads (``reads``); the config layer refuses them
+under the other backend.
 
 Rollouts: ``huggingface`` runs the model's own policy class (``generate`` for the causal LM); a
 serving engine (``vllm``, ``sglang``) is the model registry's ``rollout`` class for it, which takes
@@ -21,7 +18,6 @@ the engine that has them with the same meaning (its ``rollout_keys``) and refuse
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +31,17 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from core.backend import TrainingBackend
 from core.errors import ConfigError
 from core.registry import Registry, load
 from embodied.config import build_policy
 from embodied.training_options import fsdp_options
 from policies import POLICIES
 from policies.base import Policy
+from policies.megatron import READ as MEGATRON_READS
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("actor.training_backend", "actor.model.tensor_model_parallel_size",
-               "actor.megatron.distributed_backend", "actor.megatron.distributed_timeout_minutes",
-               "rollout.backend")
+CONFIG_KEYS = ("actor.training_backend", "rollout.backend")
 # The reference's generation-engine options (rollout.<key>): read by an engine that has them,
 # refused by the others and without one
 ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "distributed_executor_backend", "disable_log_stats",
@@ -54,10 +50,9 @@ ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "distributed_executor_
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 OPTIMIZER_FILE = "optimizer.pt"
-MEGATRON_DIR = "megatron"  # a Megatron run's reshardable checkpoint, beside model.pt (for eval and export)
 
 
-class FSDP:
+class FSDP(TrainingBackend):
     """FSDP2 over all actor ranks."""
 
     def __init__(self, cfg: Any, accelerator: str):
@@ -78,6 +73,9 @@ class FSDP:
     def micro_batch(self, policy: Policy, last: bool) -> None:
         """Gradients are reduced across ranks in the last micro-batch's backward only."""
         policy.set_requires_gradient_sync(last)
+
+    def reduce_gradients(self, policy: Policy) -> None:
+        """Nothing left to do: the last backward reduced them."""
 
     def clip_gradients(self, policy: Policy, max_norm: float) -> float:
         norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
@@ -102,77 +100,10 @@ class FSDP:
             # parameters train in a full fine-tune but get none), so it gets none here: not strict
             set_optimizer_state_dict(policy, optimizer, optim, options=StateDictOptions(full_state_dict=True, strict=False))
 
-    @staticmethod
-    def unread_keys(cfg: Any) -> dict[str, str]:
-        from policies.megatron import READ
-
-        why = "actor.training_backend is fsdp (a Megatron option)"
-        return {key: why for key in READ if key not in FSDP_AND_MEGATRON}
-
-
-class Megatron:
-    """Megatron-Core tensor parallelism (and data parallelism over the rest)."""
-
-    def __init__(self, cfg: Any, accelerator: str):
-        self.cfg = cfg
-        backend = cfg.actor.megatron.distributed_backend if accelerator == "gpu" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=cfg.actor.megatron.distributed_timeout_minutes))
-
-    def build(self, device: torch.device) -> Policy:
-        """The model's Megatron class, from the plain options (it sets up the process groups)."""
-        from omegaconf import OmegaConf
-
-        options = OmegaConf.to_container(self.cfg.actor.model, resolve=True)
-        policy = load(POLICIES.declared(options["model_type"])["training"]["megatron"])(options)
-        from policies.megatron import training
-
-        self.data_parallel_rank, self.data_parallel_size = training.data_parallel_rank(), training.data_parallel_size()
-        return policy.to(device)
-
-    def wrap(self, policy: Policy) -> Policy:
-        return policy
-
-    def micro_batch(self, policy: Policy, last: bool) -> None:
-        """Nothing to do per micro-batch: the gradients are reduced once, in ``clip_gradients``."""
-
-    def clip_gradients(self, policy: Policy, max_norm: float) -> float:
-        policy.reduce_gradients()
-        return policy.clip_grad_norm(max_norm)
-
-    def save(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path) -> None:
-        """A ``dist_checkpointing`` folder of the weights and the optimizer (loadable at any tensor-
-        parallel size), and the full weights in the rollout policy's layout (``model.pt``), which
-        ``embodied-eval`` and ``embodied-export`` read."""
-        policy.save_checkpoint(path / MEGATRON_DIR, optimizer)
-        state = policy.trainable_state_dict()
-        if dist.get_rank() == 0:
-            torch.save(state, path / "model.pt")
-
-    def load(self, policy: Policy, optimizer: torch.optim.Optimizer, path: Path, with_optimizer: bool) -> None:
-        folder = path / MEGATRON_DIR
-        if not folder.is_dir():
-            raise ConfigError(f"{path} holds no {MEGATRON_DIR}/ folder: it was not written with "
-                              "actor.training_backend megatron")
-        policy.load_state_dict(policy.read_checkpoint(folder))
-        if with_optimizer:
-            policy.load_optimizer(optimizer, folder)
-
-    @staticmethod
-    def unread_keys(cfg: Any) -> dict[str, str]:
-        return {"actor.model.is_lora": "actor.training_backend megatron has no LoRA (Megatron-Core has none for "
-                                       "its tensor-parallel layers, and peft wraps torch Linear layers); train "
-                                       "LoRA with actor.training_backend fsdp",
-                "actor.fsdp_config": "actor.training_backend is megatron (an FSDP option)"}
-
-
-# keys both backends read (the Megatron table lists them too, saying what they become there)
-FSDP_AND_MEGATRON = ("actor.training_backend", "actor.model.model_path", "actor.model.precision",
-                     "actor.model.temperature", "actor.model.max_prompt_length",
-                     "actor.model.gradient_checkpointing", "actor.optim.optimizer", "actor.optim.clip_grad")
 
 BACKENDS = Registry("training backend", "actor.training_backend")
-BACKENDS.add("fsdp", FSDP)
-BACKENDS.add("megatron", Megatron)
+BACKENDS.add("fsdp", FSDP, reads={"actor.fsdp_config": "FSDP2's sharding, precision and offload options"})
+BACKENDS.add("megatron", "policies.megatron.backend:MegatronBackend", reads=MEGATRON_READS)
 
 
 def replicas(cfg: Any) -> int:
@@ -182,23 +113,19 @@ def replicas(cfg: Any) -> int:
 
 def check(cfg: Any, actor_ranks: int) -> None:
     """The backend's checks before any worker starts: the model has a class for it, and the
-    Megatron options fit the checkpoint and the ranks."""
+    backend's own (``TrainingBackend.check``)."""
     backend, model = cfg.actor.training_backend, cfg.actor.model
     trained = ["fsdp", *POLICIES.declared(model.model_type)["training"]]
     if backend not in trained:
         raise ConfigError(f"actor.training_backend = {backend!r}: expected {' or '.join(trained)} with "
                           f"model_type {model.model_type}")
-    if backend == "megatron":
-        from omegaconf import OmegaConf
-
-        from policies.megatron import check_options
-
-        check_options(OmegaConf.to_container(model, resolve=True), actor_ranks)
+    BACKENDS.get(backend).check(cfg, actor_ranks)
 
 
 def unread_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
     """The keys this config's backends do not read, with why."""
-    return BACKENDS.get(cfg.actor.training_backend).unread_keys(cfg) | rollout_unread_keys(cfg)
+    backend = cfg.actor.training_backend
+    return BACKENDS.unread(backend) | BACKENDS.get(backend).refused(cfg) | rollout_unread_keys(cfg)
 
 
 def build_rollout_policy(cfg: Any, cpu_threads: int | None = None) -> Policy:

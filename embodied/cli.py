@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from core.errors import ConfigError
 from embodied import preflight, rlinf
-from embodied.config import build_policy, chunk_steps, compose, to_yaml, training_steps
+from embodied.config import build_policy, chunk_steps, compose, rollout_window, to_yaml, training_steps
 from embodied.placement import PlacementPlan
 from embodied.validate import validate
 
@@ -81,7 +81,7 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
             )
         chunks = model.num_action_chunks
         lines.append(
-            f"rollout: {chunk_steps(cfg.env.train.max_episode_steps, chunks)} chunk steps of {chunks} action(s), "
+            f"rollout: {chunk_steps(rollout_window(cfg.env.train), chunks)} chunk steps of {chunks} action(s), "
             f"{cfg.rollout.pipeline_stage_num} pipeline stage(s), sampling={model.do_sample}"
         )
     else:

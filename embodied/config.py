@@ -19,7 +19,7 @@ from policies import POLICIES
 from policies.base import Policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs")
+CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs", "env.*.max_steps_per_rollout_epoch")
 
 
 def register_resolvers() -> None:
@@ -142,6 +142,12 @@ def cause(err: BaseException) -> str:
 def training_steps(runner_cfg: Any) -> int:
     """Training steps of a run: ``runner.max_steps`` when set (> 0), else ``runner.max_epochs``."""
     return runner_cfg.max_steps if runner_cfg.max_steps > 0 else runner_cfg.max_epochs
+
+
+def rollout_window(env_cfg: Any) -> int:
+    """Env steps per env in one rollout of this env split: ``max_steps_per_rollout_epoch`` for
+    training when set, else one episode's ``max_episode_steps``."""
+    return env_cfg.get("max_steps_per_rollout_epoch") or env_cfg.max_episode_steps
 
 
 def chunk_steps(max_episode_steps: int, num_action_chunks: int) -> int:

@@ -4,9 +4,10 @@ where it has no effect stops the command before anything starts with one line,
 
 ``REFUSED`` lists the keys that never work in this framework (they stay in the schema so that
 configs written for the reference load when they leave them alone); ``not_read_here`` the keys
-that only some models, heads or envs read, as the policies (``Policy.unread_keys``,
-``refused_keys``) and the env registry (``reads``) declare them. Every other key of the schema is
-read by the code that declares it in ``CONFIG_KEYS`` (tests/test_schema.py holds that invariant).
+that only some models, heads, envs, losses or estimators read, as the policies
+(``Policy.unread_keys``, ``refused_keys``) and the registries' entries (``reads``) declare them.
+Every other key of the schema is read by the code that declares it in ``CONFIG_KEYS``
+(tests/test_schema.py holds that invariant).
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ REFUSED: dict[str, str] = {
     "algorithm.length_params": "token length limits of embodied generation, because an action chunk "
                                "is always num_action_chunks x action_dim tokens",
     "data.type": "other dataset families than math, because the text env verifies math answers",
+    "env.eval.max_steps_per_rollout_epoch": "an evaluation window, because an evaluation runs whole episodes "
+                                            "(max_episode_steps)",
+    "env.eval_pass_k.max_steps_per_rollout_epoch": "an evaluation window, because an evaluation runs whole "
+                                                   "episodes (max_episode_steps)",
     "data.num_workers": "data loader workers, because the text env workers read the prompts",
     "rollout.mode": "choosing the mode, because it follows from cluster.component_placement "
                     "(collocated, disaggregated or hybrid, printed at start)",
@@ -134,46 +139,43 @@ REFUSED: dict[str, str] = {
 }
 
 
-# what only training on rollouts reads: refused with an imitation loss (sft)
-ROLLOUT_TRAINING = ("algorithm.adv_type", "algorithm.group_size", "algorithm.gamma", "algorithm.gae_lambda",
-                    "algorithm.bootstrap_at_done", "algorithm.normalize_advantages",
-                    "algorithm.norm_adv_by_std_in_grpo", "algorithm.ratio_clip_eps", "algorithm.clip_ratio_low",
-                    "algorithm.clip_ratio_high", "algorithm.clip_ratio_c", "algorithm.value_clip",
-                    "algorithm.huber_delta", "algorithm.value_loss_coef", "algorithm.critic_warmup",
-                    "algorithm.entropy_bonus", "algorithm.calculate_entropy",
-                    "algorithm.kl_beta", "algorithm.target_kl", "algorithm.early_stop_imp_ratio",
-                    "algorithm.rollout_epoch", "algorithm.update_epochs", "algorithm.shuffle_rollout",
-                    "algorithm.staleness_threshold",
-                    "algorithm.logprob_type", "algorithm.entropy_type", "rollout.recompute_logprobs",
-                    "actor.optim.value_lr")
-
-
 def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
-    """Keys that only some models, heads, envs, training backends or losses read, with why this
-    config's do not; None marks a key read here under a node that is not (``data.demo_paths``
-    of an SFT run, whose other ``data`` keys are the text env's)."""
+    """Keys that only some models, heads, envs, training backends, losses or estimators read, with
+    why this config's do not; None marks a key read here under a node that is not
+    (``data.demo_paths`` of an SFT run, whose other ``data`` keys are the text env's)."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
     out |= backends.unread_keys(cfg)
-    if not POLICY_LOSSES.declared(cfg.algorithm.loss_type)["proximal"]:
-        out["algorithm.behave_weight_threshold"] = (f"algorithm.loss_type {cfg.algorithm.loss_type} weighs no samples "
-                                                    "by their staleness (decoupled_actor_critic does)")
-    envs = {cfg.env[split].env_type for split in schema.ENV_SPLITS if cfg.env[split]}
-    used = {key for name in envs if name in ENVS for key in ENVS.declared(name)["reads"]}
+    splits = [split for split in schema.ENV_SPLITS if cfg.env[split] and cfg.env[split].env_type in ENVS]
+    used = {key for split in splits for key in ENVS.reads(cfg.env[split].env_type)}
     for name in ENVS.names():
-        for key, what in ENVS.declared(name)["reads"].items():
-            if key not in used:
-                readers = " or ".join(n for n in ENVS.names() if key in ENVS.declared(n)["reads"])
+        for key, what in ENVS.reads(name).items():
+            readers = " or ".join(n for n in ENVS.names() if key in ENVS.reads(n))
+            if key.startswith("env.*."):  # a key of each split's own env
+                for split in splits:
+                    if key not in ENVS.reads(cfg.env[split].env_type):
+                        out[key.replace("*", split, 1)] = f"env.{split}.env_type {cfg.env[split].env_type} " \
+                                                          f"does not read it ({readers} does: {what})"
+            elif key not in used:
                 out[key] = f"only {readers} envs (env_type {readers}) read {what}"
-    adv = cfg.algorithm.adv_type
-    if not ADVANTAGES.declared(adv)["needs_value_head"]:
-        out["algorithm.huber_delta"] = f"algorithm.adv_type {adv} trains no critic (gae does: its value loss)"
-    loss = cfg.algorithm.loss_type
-    if POLICY_LOSSES.declared(loss)["imitation"]:
-        out |= dict.fromkeys(ROLLOUT_TRAINING, f"algorithm.loss_type {loss} trains on demonstrations, not rollouts")
-        out["data.demo_paths"] = None
-    else:
-        out["data.demo_paths"] = f"algorithm.loss_type {loss} trains on rollouts (sft reads demonstrations)"
+    unread, read = _choices(cfg)
+    out |= unread
+    out |= {key: None for key in read if key not in out}  # read here, though a node above may not be
     return out
+
+
+def _choices(cfg: DictConfig) -> tuple[dict[str, str], set[str]]:
+    """What the chosen loss and estimator leave unread, with why, and what they read (derived from
+    the registries' ``reads``); a loss on demonstrations chooses no estimator, so every
+    estimator's keys go unread."""
+    loss, adv = cfg.algorithm.loss_type, cfg.algorithm.adv_type
+    unread, read = POLICY_LOSSES.unread(loss), set(POLICY_LOSSES.reads(loss))
+    if ADVANTAGES.config_key in read:
+        unread |= ADVANTAGES.unread(adv)
+        read |= set(ADVANTAGES.reads(adv))
+    else:
+        why = f"algorithm.loss_type {loss} computes no advantages, so no {ADVANTAGES.config_key} reads it"
+        unread |= {key: why for name in ADVANTAGES.names() for key in ADVANTAGES.reads(name)}
+    return unread, read
 
 
 def refuse_unsupported(cfg: DictConfig) -> None:

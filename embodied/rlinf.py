@@ -322,8 +322,13 @@ def _filter_bounds(value: Any, their: Their) -> bool:
     return (low is None or 0 < low <= coef / size) and (high is None or coef * (1 - 1 / size) <= high < coef)
 
 
-def _greedy(value: Any, their: Their) -> bool:
-    return value is None or value <= 0
+def _temperature_eval(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """RLinf samples evaluation episodes at a temperature above 0 and is greedy otherwise."""
+    return {"algorithm.sampling_params.temperature_eval": value if value is not None and value > 0 else 0.0}
+
+
+def _reset_gripper_open(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    return {f"env.{their.split}.init_params.reset_gripper_open": bool(value)} if their.env_type() == "libero" else {}
 
 
 def _lossless_sync(value: Any, their: Their) -> bool:
@@ -341,11 +346,7 @@ def _eval_once(value: Any, their: Their) -> bool:
     return value in (None, 1)
 
 
-EVAL_GREEDY = ("evaluation here is greedy (argmax), as RLinf's with temperature_eval <= 0; override "
-               "it with 0 to accept that")
-ROLLOUT_WINDOW = ("a rollout here is one window of max_episode_steps env steps per env "
-                  "(ceil(max_episode_steps / num_action_chunks) chunk steps); set it to max_episode_steps "
-                  "(more rollouts per step: algorithm.rollout_epoch)")
+EVAL_WINDOW = "an evaluation here runs whole episodes of max_episode_steps; set it to max_episode_steps"
 FSDP_MEGATRON_KEYS = (  # Megatron's options that RLinf's FSDP actor never reads
     "actor.megatron", "actor.mcore_gpt", "actor.spec_name", "actor.offload_optimizer", "actor.offload_weight",
     "actor.offload_grad", "actor.enable_dp_load_balance", "actor.optim.bf16", "actor.optim.fp16",
@@ -383,7 +384,8 @@ RLINF_KEYS: dict[str, Rule] = {
     "algorithm.update_epoch": Rename("algorithm.update_epochs"),
     "algorithm.recompute_logprobs": Rename("rollout.recompute_logprobs"),
     "algorithm.sampling_params.temperature_train": Rename("algorithm.sampling_params.temperature"),
-    "algorithm.sampling_params.temperature_eval": Implied(_greedy, EVAL_GREEDY),
+    "algorithm.sampling_params.temperature_eval": Convert("algorithm.sampling_params.temperature_eval",
+                                                          "<= 0 or null -> 0 (greedy)", _temperature_eval),
     "algorithm.eval_rollout_epoch": Implied(_eval_once, "an evaluation runs each eval env's episodes once "
                                             "(env.eval.each_reset_state_once for every reset state)"),
     "algorithm.huber_delta": Convert("algorithm.huber_delta", "dropped without a value loss (adv_type not gae)",
@@ -413,7 +415,8 @@ RLINF_KEYS: dict[str, Rule] = {
     # rollout
     "rollout.mode": Implied(_always, "the mode follows from cluster.component_placement here"),
     "rollout.sampling_params.temperature_train": Rename("algorithm.sampling_params.temperature"),
-    "rollout.sampling_params.temperature_eval": Implied(_greedy, EVAL_GREEDY),
+    "rollout.sampling_params.temperature_eval": Convert("algorithm.sampling_params.temperature_eval",
+                                                        "<= 0 or null -> 0 (greedy)", _temperature_eval),
     "rollout.sampling_params": Rename("algorithm.sampling_params"),
     "rollout.generation_backend": Rename("rollout.backend"),
     "rollout.rollout_backend": Rename("rollout.backend"),
@@ -485,8 +488,8 @@ RLINF_KEYS: dict[str, Rule] = {
                                     "of a group share a reset state here)", _grpo_groups),
     "env.eval.rollout_epoch": Implied(_eval_once, "an evaluation runs each eval env's episodes once "
                                       "(env.eval.each_reset_state_once for every reset state)"),
-    "env.*.max_steps_per_rollout_epoch": Implied(lambda v, their: v == their.sibling("max_episode_steps"),
-                                                 ROLLOUT_WINDOW),
+    "env.eval.max_steps_per_rollout_epoch": Implied(lambda v, their: v == their.sibling("max_episode_steps"),
+                                                    EVAL_WINDOW),
     "env.train.enable_offload": Rename("env.enable_offload"),
     "env.eval.enable_offload": Implied(lambda v, their: v == their.get("env.train.enable_offload", False),
                                        "one switch here for both splits: env.enable_offload "
@@ -497,9 +500,9 @@ RLINF_KEYS: dict[str, Rule] = {
                                                  "training visits the reset states in order here (each "
                                                  "once per cycle), as with true; override it with true "
                                                  "to accept that"),
-    "env.*.reset_gripper_open": Implied(_equals(True), "the settle steps after a reset hold the gripper "
-                                        "open here (init_params.num_settle_steps), as with true; override "
-                                        "it with true to accept that"),
+    "env.*.reset_gripper_open": Convert("env.*.init_params.reset_gripper_open", "LIBERO: the settle steps' "
+                                        "gripper command; dropped for other envs (RLinf's LIBERO env alone "
+                                        "reads it)", _reset_gripper_open),
     "env.*.reward_mode": Implied(_equals("raw"), "rewards are the simulator's own here "
                                  "(ManiSkill's kind: init_params.reward_mode)"),
     "env.*.use_step_penalty": Implied(_equals(False), "no step penalty here"),
@@ -510,6 +513,12 @@ RLINF_KEYS: dict[str, Rule] = {
     "env.*.use_full_state": Implied(_equals(False), "states here are the robot's proprioception"),
     "env.*.policy_setup": Implied(_always, "RLinf reads actor.model.policy_setup"),
     "env.*.init_params.num_envs": Implied(_equals(None), "the env counts come from env.*.total_num_envs"),
+    "env.*.init_params.sim_config.sim_freq": Rename("env.*.init_params.sim_freq"),
+    "env.*.init_params.sim_config.control_freq": Rename("env.*.init_params.control_freq"),
+    "env.*.init_params.sensor_configs.shader_pack": Rename("env.*.init_params.shader_pack"),
+    "env.*.init_params.render_mode": Implied(lambda v, their: v in (None, "all", "rgb_array", "sensors"),
+                                             "what is rendered follows the observations and "
+                                             "env.*.video_cfg.save_video here"),
     "env.*.init_params.max_episode_steps": Implied(lambda v, their: v == their.get(
         f"env.{their.split}.max_episode_steps"), "episodes are env.*.max_episode_steps long"),
     "env.*.init_params.control_mode": Convert("env.*.init_params.control_mode", "ManiSkill: set from "
@@ -765,12 +774,13 @@ def _unwritten(leaves: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rlinf_behaviour(their: Their) -> dict[str, Any]:
     """What RLinf's code does with no key for it, where we have a key (the keys its configs set
-    come on top): LIBERO's 15 settle steps after a reset and its gripper convention for
-    OpenVLA-OFT."""
+    come on top): LIBERO's 15 settle steps after a reset (gripper command 0 without
+    reset_gripper_open) and its gripper convention for OpenVLA-OFT."""
     out: dict[str, Any] = {}
     for split in SPLITS:
         if their.env_type(split) == "libero":
             out[f"env.{split}.init_params.num_settle_steps"] = 15
+            out[f"env.{split}.init_params.reset_gripper_open"] = False  # unset: a 0 gripper command
             if their.model_type == "openvla_oft":  # rlinf/envs/action_utils.py: sign(2g - 1) * -1
                 out |= {"actor.model.normalize_gripper": True, "actor.model.invert_gripper": True}
     return out

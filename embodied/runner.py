@@ -37,7 +37,7 @@ from embodied.backends import replicas
 from embodied.channel import Channel
 from embodied.channel.keys import queue_bounds
 from embodied.cluster import Cluster
-from embodied.config import chunk_steps, training_steps
+from embodied.config import chunk_steps, rollout_window, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.report import write_eval_report
@@ -74,7 +74,7 @@ class Runner:
             self.close()
             raise
         chunks = cfg.actor.model.num_action_chunks
-        self.train_chunk_steps = chunk_steps(cfg.env.train.max_episode_steps, chunks)
+        self.train_chunk_steps = chunk_steps(rollout_window(cfg.env.train), chunks)
         self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
         if self.actor is not None:  # an evaluation reads nothing of env.train (validate.py checks none of it)
             rollout_ranks, groups = plan.world_size("rollout"), plan.world_size("actor") // replicas(cfg)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import ConfigError
 from embodied import backends, checkpoint, preflight, schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
-from embodied.config import chunk_steps
+from embodied.config import chunk_steps, rollout_window
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from embodied.refused import refuse_unsupported
 from envs import ENVS, describe
@@ -65,9 +65,6 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if needs["needs_value_head"] and not model.add_value_head:
         _fail("actor.model.add_value_head", model.add_value_head,
               f"true with algorithm.adv_type={adv} (it bootstraps from the critic's values)")
-    if cfg.algorithm.critic_warmup and not model.add_value_head and not cfg.runner.only_eval:
-        _fail("algorithm.critic_warmup", cfg.algorithm.critic_warmup,
-              "0 without a critic (actor.model.add_value_head is false)")
 
     plan = _placement(cfg)
     backends.check(cfg, plan.world_size("actor"))
@@ -226,11 +223,15 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
               "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
               "trajectories only after the whole rollout")
-    samples = train.total_num_envs * chunk_steps(train.max_episode_steps, chunks) * cfg.algorithm.rollout_epoch
+    window = rollout_window(train)
+    if window != train.max_episode_steps and not train.auto_reset:
+        _fail("env.train.max_steps_per_rollout_epoch", window, f"null or max_episode_steps ({train.max_episode_steps}) "
+              "without env.train.auto_reset (each rollout then starts fresh episodes)")
+    samples = train.total_num_envs * chunk_steps(window, chunks) * cfg.algorithm.rollout_epoch
     if samples % cfg.actor.global_batch_size and not POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]:
         _fail("actor.global_batch_size", cfg.actor.global_batch_size,
               f"a divisor of the {samples} samples a step collects (env.train.total_num_envs x "
-              "ceil(max_episode_steps / num_action_chunks) x algorithm.rollout_epoch)")
+              "ceil(max_steps_per_rollout_epoch / num_action_chunks) x algorithm.rollout_epoch)")
 
 
 def _training_options(cfg: DictConfig, accelerator: str) -> None:

@@ -5,8 +5,8 @@ Adding an env is a module implementing the protocol (usually a ``BatchedSim`` un
 declares what the config layer checks without building it: ``describe``, a ``"module:function"``
 the driver runs before any worker starts (in seconds: it may build one scene, never rendered),
 which checks the env config and returns its ``EnvDescription``; ``task_type``, the
-``runner.task_type`` it belongs to; ``reads``, keys outside ``env.*`` that reach it through its
-group file, with what they are.
+``runner.task_type`` it belongs to; ``reads``, the keys only some envs read, with what they are:
+keys outside ``env.*`` that reach it through its group file, and ``env.*.<key>`` of its own split.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from core.registry import Registry, load
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
 ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", reads={})
-ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe")
+ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
+         reads={"env.*.task_suite_name": "the LIBERO suite"})
 ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
 ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"})

@@ -15,8 +15,9 @@ What a config chooses (see config/env/libero_*.yaml):
 
 Each env holds one LIBERO ``OffScreenRenderEnv`` at a time and rebuilds it only when an episode
 of another task starts (a multi-task suite runs in one vector env). A reset sets the init
-state, then takes ``init_params.num_settle_steps`` no-op steps (gripper open) that the policy
-never sees, as OpenVLA-OFT's and openpi's LIBERO evaluations do while objects settle.
+state, then takes ``init_params.num_settle_steps`` no-op steps that the policy never sees, as
+OpenVLA-OFT's and openpi's LIBERO evaluations do while objects settle; their gripper command is
+open (``reset_gripper_open``, as theirs) or 0 (``false``: RLinf's ``reset_gripper_open: false``).
 
 Observations as OpenVLA-OFT expects them: ``main_images`` (``main_camera``) and, when
 ``wrist_camera`` is set, ``wrist_images``, both rotated 180 degrees (robosuite renders in OpenGL
@@ -67,8 +68,8 @@ SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 3
                    "libero_10": 520, "libero_90": 400}
 SUITES = (*SUITE_MAX_STEPS, "libero_130")  # libero_130: the five suites' tasks in this order
 PARAMS = ("task_ids", "bddl_files", "init_state_range", "assets_path", "camera_heights",
-          "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "gripper_open_action",
-          "privileged_states")
+          "camera_widths", "main_camera", "wrist_camera", "num_settle_steps", "reset_gripper_open",
+          "gripper_open_action", "privileged_states")
 # privileged_states: end-effector position (3), finger positions (2) and velocities (2), then the
 # goal's object position (3), its target's (3), the height of its origin's top grasp as its model
 # gives it (half its top offset, 1) and the height of its highest point (1, from its geoms' boxes):
@@ -285,8 +286,9 @@ def check_config(env_cfg: Any) -> Setup:
     if p["gripper_open_action"] not in (-1, 1):
         raise EnvSetupError(f"env.init_params.gripper_open_action={p['gripper_open_action']!r}: "
                             "expected -1 (LIBERO's own: -1 opens, +1 closes) or 1 (flipped)")
-    if not isinstance(p["privileged_states"], bool):
-        raise EnvSetupError(f"env.init_params.privileged_states={p['privileged_states']!r}: expected true or false")
+    for key in ("reset_gripper_open", "privileged_states"):
+        if not isinstance(p[key], bool):
+            raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected true or false")
     if not p["main_camera"]:
         raise EnvSetupError("env.init_params.main_camera is empty: expected a LIBERO camera "
                             "such as agentview")
@@ -501,7 +503,8 @@ class LiberoEnv:
             self._observe = settle == 0
             self._raw = self.env.set_init_state(task.init_states[k])
         noop = np.zeros(ACTION_DIM)
-        noop[-1] = -1.0  # LIBERO's own convention: -1 opens the gripper
+        if self.setup.params["reset_gripper_open"]:
+            noop[-1] = -1.0  # LIBERO's own convention: -1 opens the gripper
         for i in range(settle):
             self._observe = i == settle - 1
             self._raw, _, _, _ = self.env.step(noop)

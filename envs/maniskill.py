@@ -5,7 +5,9 @@
 ``wrist_camera``, and the robot's proprioception plus task extras as ``states``; ``rgb+state``:
 what ``rgb`` gives plus ``privileged_states``, the full state vector ``state`` gives, so that a
 state policy can drive an env that records what a VLA sees, see embodied/record.py), the
-``control_mode``, the camera size and ``sim_backend``. With ``video_cfg.save_video`` on and
+``control_mode``, the camera size, ``sim_backend``, the simulation and control frequencies
+(``sim_freq`` / ``control_freq``: null keeps the task's own) and the cameras' ``shader_pack``
+(null: ManiSkill's ``minimal``; it shades every camera rendered, observations and video). With ``video_cfg.save_video`` on and
 ``obs_mode: state`` the scene is also rendered (``render_mode="rgb_array"``, at the camera size)
 for the video recorder; otherwise nothing is rendered.
 
@@ -75,6 +77,7 @@ import gymnasium as gym  # noqa: E402  (after the Vulkan driver is chosen)
 import mani_skill.envs  # noqa: E402,F401  (registers the tasks)
 import torch  # noqa: E402
 from mani_skill.envs.utils.observations import parse_obs_mode_to_struct  # noqa: E402
+from mani_skill.render.shaders import PREBUILT_SHADER_CONFIGS as SHADER_PACKS  # noqa: E402
 from mani_skill.utils import assets  # noqa: E402
 from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 
@@ -84,8 +87,8 @@ from envs.subproc import single_env_batch  # noqa: E402
 OBS_MODES = ("state", "rgb", "rgb+state")
 SIM_BACKENDS = ("cpu", "gpu")
 MIN_MESH_TRIANGLES = 100  # below it the robot's links lose their shape
-PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids",
-          "camera_heights", "camera_widths", "main_camera", "wrist_camera", "render_mesh_triangles")
+PARAMS = ("id", "obs_mode", "control_mode", "sim_backend", "reward_mode", "robot_uids", "sim_freq", "control_freq",
+          "camera_heights", "camera_widths", "main_camera", "wrist_camera", "shader_pack", "render_mesh_triangles")
 # robots that are another robot plus cameras: a task that supports the base runs them as it is
 CAMERA_VARIANTS = {"panda_wristcam": "panda"}
 
@@ -138,6 +141,15 @@ def check_params(init_params: Any) -> dict[str, Any]:
     for key in ("camera_heights", "camera_widths"):
         if not (isinstance(p[key], int) and p[key] > 0):
             raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected a positive integer")
+    for key in ("sim_freq", "control_freq"):
+        if p[key] is not None and (isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < 1):
+            raise EnvSetupError(f"env.init_params.{key}={p[key]!r}: expected null (the task's) or a positive integer")
+    if p["sim_freq"] and p["control_freq"] and p["sim_freq"] % p["control_freq"]:
+        raise EnvSetupError(f"env.init_params.sim_freq={p['sim_freq']}: expected a multiple of control_freq "
+                            f"({p['control_freq']}), whole simulation steps per action")
+    if p["shader_pack"] is not None and p["shader_pack"] not in SHADER_PACKS:
+        raise EnvSetupError(f"env.init_params.shader_pack={p['shader_pack']!r}: expected null or one of "
+                            f"{list(SHADER_PACKS)}")
     cap = p["render_mesh_triangles"]
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < MIN_MESH_TRIANGLES:
@@ -178,12 +190,20 @@ def make_kwargs(p: Mapping[str, Any], num_envs: int, max_episode_steps: int, ren
         kwargs["render_backend"] = "cpu"
     if p["robot_uids"] is not None:
         kwargs["robot_uids"] = p["robot_uids"]
+    frequencies = {k: p[k] for k in ("sim_freq", "control_freq") if p[k] is not None}
+    if frequencies:  # merged into the task's own sim config
+        kwargs["sim_config"] = frequencies
     if has_cameras(p):
-        kwargs["sensor_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
+        kwargs["sensor_configs"] = _camera(p)
     if render:
         kwargs["render_mode"] = "rgb_array"
-        kwargs["human_render_camera_configs"] = dict(width=p["camera_widths"], height=p["camera_heights"])
+        kwargs["human_render_camera_configs"] = _camera(p)
     return kwargs
+
+
+def _camera(p: Mapping[str, Any]) -> dict[str, Any]:
+    shader = {} if p["shader_pack"] is None else {"shader_pack": p["shader_pack"]}
+    return dict(width=p["camera_widths"], height=p["camera_heights"], **shader)
 
 
 class _QuietLog(logging.Filter):
@@ -485,7 +505,8 @@ def _probe(task_id: str, obs_mode: str, control_mode: str, reward_mode: str,
     """``(length of obs["states"], cameras, action dims)`` of one env of these params: a CPU scene
     built and reset, not rendered (well under a second once ManiSkill is imported)."""
     p = {"id": task_id, "obs_mode": "state", "control_mode": control_mode, "reward_mode": reward_mode,
-         "sim_backend": "cpu", "robot_uids": robot_uids, "render_mesh_triangles": None}
+         "sim_backend": "cpu", "robot_uids": robot_uids, "render_mesh_triangles": None,
+         "sim_freq": None, "control_freq": None, "shader_pack": None}
     env = _make(p, num_envs=1, max_episode_steps=1, render=False, extra={"render_backend": "none"})
     try:
         env.reset(seed=0)

@@ -85,8 +85,8 @@ class SmallActorCritic(Policy):
         return self._values(self.value_head(self.critic_features(self.preprocess(obs))))
 
     @torch.no_grad()
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
-        # no_grad rather than inference_mode: forward_inputs are reused in training's autograd
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
+        # no temperature: the heads sample no token logits. no_grad rather than inference_mode: forward_inputs are reused in training's autograd
         inputs = self.preprocess(obs)
         dist, values = self.distribution_and_values(inputs)
         actions = self.action_head.sample(dist, do_sample)

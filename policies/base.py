@@ -49,7 +49,8 @@ MODEL_FILE = "model.pt"
 TEXT_GENERATION_KEYS = ("algorithm.sampling_params.top_p", "algorithm.sampling_params.repetition_penalty",
                         "algorithm.sampling_params.min_new_tokens", "algorithm.sampling_params.max_new_tokens",
                         "runner.seq_length", "rollout.eos", "rollout.padding")
-TOKEN_SAMPLING_KEYS = ("algorithm.sampling_params.temperature", "algorithm.sampling_params.top_k",
+TOKEN_SAMPLING_KEYS = ("algorithm.sampling_params.temperature", "algorithm.sampling_params.temperature_eval",
+                       "algorithm.sampling_params.top_k",
                        "actor.model.temperature", "actor.model.top_k")
 
 
@@ -184,8 +185,10 @@ class Policy(nn.Module, ABC):
 
     # ----------------------------------------------------------------- rollout
     @abstractmethod
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
-        """Choose actions for a batch of observations (sampled, or greedy with ``do_sample=False``)."""
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
+        """Choose actions for a batch of observations (sampled, or greedy with ``do_sample=False``);
+        ``temperature`` replaces the policy's own for this call (evaluation's
+        ``temperature_eval``) where it samples token logits (``samples_tokens``)."""
 
     @property
     def has_value_head(self) -> bool:

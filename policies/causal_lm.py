@@ -140,18 +140,19 @@ class CausalLMPolicy(Policy):
         return None if self.trains_all_weights() else adapters_disabled(self)
 
     @torch.no_grad()
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
         from transformers import GenerationConfig
 
         ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).to(self.device, copy=True)
         mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).to(self.device, copy=True)
         start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
         s = self.sampling
+        temperature = temperature or self.temperature
         vocab = self.model.config.vocab_size
         # sampling options only when sampling: greedy ignores them, and transformers warns on each
         # greedy call that sets them; "off" is passed as 0 / 1.0 (None would take the checkpoint's
         # generation_config values)
-        sampling = dict(temperature=s["temperature"], top_k=s["top_k"] if 0 < s["top_k"] < vocab else 0,
+        sampling = dict(temperature=temperature, top_k=s["top_k"] if 0 < s["top_k"] < vocab else 0,
                         top_p=s["top_p"]) if do_sample else {}
         config = GenerationConfig(
             max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample, **sampling,
@@ -159,7 +160,7 @@ class CausalLMPolicy(Policy):
             output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)
         tokens = out.sequences[:, ids.shape[1] - start:]
-        logprobs = _token_logprobs(torch.stack(out.logits, dim=1).float() / self.temperature, tokens)
+        logprobs = _token_logprobs(torch.stack(out.logits, dim=1).float() / temperature, tokens)
         response_mask = _response_mask(tokens, self.eos)
         width = self.max_new_tokens - tokens.shape[1]
         tokens = F.pad(tokens, (0, width), value=self.pad)

@@ -83,6 +83,21 @@ def test_temperature_scales_the_logprobs(tiny_math):
             > warm.evaluate(out.forward_inputs, out.actions).logprobs[out.token_mask]).float().mean() > 0.9
 
 
+def test_a_call_temperature_replaces_the_policys_own(tiny_math):
+    """Evaluation's ``temperature_eval``: ``act(temperature=t)`` samples and scores at t, as a
+    policy whose own temperature is t does."""
+    obs = _obs(tiny_math)
+    own = CausalLMPolicy(_cfg(tiny_math["model"], temperature=1.0))
+    hot = CausalLMPolicy(_cfg(tiny_math["model"], temperature=3.0))
+    torch.manual_seed(5)
+    a = own.act(obs, temperature=3.0)
+    torch.manual_seed(5)
+    b = hot.act(obs)
+    assert torch.equal(a.actions, b.actions) and torch.allclose(a.logprobs, b.logprobs)
+    torch.manual_seed(5)
+    assert not torch.equal(own.act(obs).actions, a.actions)
+
+
 def test_lora_trains_adapters_only_and_disabled_adapters_give_the_base(tiny_math):
     base = CausalLMPolicy(_cfg(tiny_math["model"]))
     lora = CausalLMPolicy(_cfg(tiny_math["model"], is_lora=True))

@@ -146,7 +146,6 @@ BAD = [
     (["env.train.total_num_envs=15"], "env.train.total_num_envs = 15: expected a multiple of 2 env worker(s) x rollout.pipeline_stage_num (1) x env.train.group_size (1) = 2"),
     (["rollout.pipeline_stage_num=3", "env.eval.total_num_envs=66"], "env.train.total_num_envs = 64: expected a multiple of 2 env worker(s) x rollout.pipeline_stage_num (3)"),
     (["actor.model.num_action_chunks=3"], "actor.global_batch_size = 200: expected a divisor of the 1088 samples"),
-    (["algorithm.adv_type=grpo"], "algorithm.group_size = 1: expected at least 2 with algorithm.adv_type=grpo"),
     (["actor.model.add_value_head=false"], "actor.model.add_value_head = False: expected true with algorithm.adv_type=gae"),
     (["env.eval.env_type=isaac"], "env.eval.env_type = 'isaac': expected one of ['libero', 'maniskill'"),
     (["actor.model.model_type=rt2"], "actor.model.model_type = 'rt2': expected one of ["),
@@ -165,11 +164,11 @@ BAD = [
     (["algorithm.loss_type=decoupled_actor_critic", "rollout.recompute_logprobs=true"],
      "rollout.recompute_logprobs = True: expected false with algorithm.loss_type=decoupled_actor_critic"),
     (["algorithm.behave_weight_threshold=2.0"], "algorithm.behave_weight_threshold: not supported here, because "
-                                                "algorithm.loss_type ppo weighs no samples by their staleness"),
+                                                "algorithm.loss_type ppo does not read it (decoupled_actor_critic does"),
     (["algorithm.critic_warmup=-1"], "algorithm.critic_warmup = -1: expected a number >= 0"),
-    (["algorithm.critic_warmup=2", "algorithm.adv_type=grpo", "algorithm.group_size=2", "actor.model.add_value_head=false",
-      "env.train.group_size=2", "env.train.use_fixed_reset_state_ids=true"],
-     "algorithm.critic_warmup = 2: expected 0 without a critic (actor.model.add_value_head is false)"),
+    (["env.train.max_steps_per_rollout_epoch=100", "env.train.auto_reset=false"],
+     "env.train.max_steps_per_rollout_epoch = 100: expected null or max_episode_steps (50) without env.train.auto_reset"),
+    (["env.eval.max_steps_per_rollout_epoch=100"], "env.eval.max_steps_per_rollout_epoch: not supported: an evaluation"),
 ]
 
 
@@ -182,11 +181,17 @@ def test_bad_config_exits_2_with_one_message_naming_the_key(overrides, message, 
     assert err.count("\n") == 1  # one message, one line
 
 
-def test_grpo_needs_fixed_shared_reset_states(capsys):
-    code = cli._main(["--config-name", "maniskill_grpo_mlp", "env.train.use_fixed_reset_state_ids=false"],
-                     "embodied-train")
+@pytest.mark.parametrize("overrides, message", [
+    (["env.train.use_fixed_reset_state_ids=false"],
+     "env.train.use_fixed_reset_state_ids = False: expected true with algorithm.adv_type=grpo"),
+    (["algorithm.group_size=1"], "algorithm.group_size = 1: expected at least 2 with algorithm.adv_type=grpo"),
+    (["algorithm.critic_warmup=2"],
+     "algorithm.critic_warmup: not supported here, because algorithm.adv_type grpo does not read it (gae does"),
+])
+def test_grpo_needs_groups_of_fixed_shared_reset_states_and_trains_no_critic(overrides, message, capsys):
+    code = cli._main(["--config-name", "maniskill_grpo_mlp", *overrides], "embodied-train")
     assert code == 2
-    assert "env.train.use_fixed_reset_state_ids = False: expected true with algorithm.adv_type=grpo" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def _placement_config(tmp_path: Path, lines: str) -> str:

@@ -115,3 +115,12 @@ def test_the_checks_see_a_violation(tmp_path):
     graph = import_graph(tmp_path)
     assert upward(graph) == ["envs.a -> embodied.b"]
     assert circles(graph) == [["embodied.b", "embodied.c"]]
+
+
+def test_only_the_backend_registry_imports_the_megatron_package():
+    """Megatron's backend and policy live in policies/megatron; the rest of the tree reaches them
+    through the training-backend registry (embodied/backends.py) and the contract in core."""
+    graph = import_graph()
+    importers = {m for m, targets in graph.items() if not m.startswith("policies.megatron")
+                 and any(t.startswith("policies.megatron") for t in targets)}
+    assert importers == {"embodied.backends"}

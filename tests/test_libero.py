@@ -114,6 +114,18 @@ def test_settle_steps_run_before_the_first_observation():
 
 
 @pytest.mark.slow
+def test_settle_steps_hold_the_gripper_open_or_command_nothing():
+    """``reset_gripper_open`` (RLinf's name): the settle steps command the gripper open, or send
+    it a 0 command, which moves the fingers elsewhere from the same init state."""
+    opened, _ = in_process(config("init_params.num_settle_steps=8"))
+    zero, _ = in_process(config("init_params.num_settle_steps=8", "init_params.reset_gripper_open=false"))
+    with opened, zero:
+        a, b = opened.reset([4])["states"][0, 6:], zero.reset([4])["states"][0, 6:]
+        assert abs(a[0]) > 0.035  # open, about +-0.04
+        assert abs(abs(a[0]) - abs(b[0])) > 0.003
+
+
+@pytest.mark.slow
 def test_soup_on_the_pan_succeeds_and_terminates_in_the_chunks_last_slot():
     cfg = config("max_episode_steps=40")
     env, libero_env = in_process(cfg)
@@ -281,6 +293,7 @@ def test_held_out_init_states_are_disjoint_and_reported(tmp_path):
     (["init_params.camera_heights=0"], "env.init_params.camera_heights=0: expected a positive integer"),
     (["init_params.init_state_range=[45,51]"], "env.init_params.init_state_range=[45, 51]"),
     (["init_params.gripper_open_action=0"], "env.init_params.gripper_open_action=0"),
+    (["init_params.reset_gripper_open=1"], "env.init_params.reset_gripper_open=1: expected true or false"),
     (["init_params.assets_path=/nonexistent/libero_assets"],
      "LIBERO assets: /nonexistent/libero_assets does not exist. Install them from the package registry"),
     (["+init_params.camera=1"], "env.init_params: unknown keys ['camera']"),

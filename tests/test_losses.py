@@ -222,7 +222,7 @@ def test_early_stop_abandons_micro_batch_when_mean_ratio_too_high():
 
 def test_loss_hyperparameters_from_config():
     cfg = dict(
-        ratio_clip_eps=0.2, clip_ratio_low=None, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_func="token-mean",
+        loss_type="ppo", ratio_clip_eps=0.2, clip_ratio_low=None, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_func="token-mean",
         entropy_bonus=0.0, value_clip=None, huber_delta=None, value_loss_coef=0.5, kl_beta=0.0, kl_penalty_type="low_var_kl",
         early_stop_imp_ratio=5.0,
     )

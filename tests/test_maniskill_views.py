@@ -90,3 +90,39 @@ def test_simplified_meshes_draw_the_same_scene_from_a_sixth_of_the_triangles():
 def test_a_bad_mesh_cap_is_refused_before_any_scene_is_built(override, message):
     with pytest.raises(EnvSetupError, match=message):
         make_vector_env(load_env_config("maniskill_push_cube", override), num_envs=1)
+
+
+@pytest.mark.slow
+def test_simulation_and_control_frequencies_and_the_shader_pack_reach_maniskill():
+    """``sim_freq`` / ``control_freq`` merge into the task's sim config (an action then lasts
+    sim_freq / control_freq physics steps, so the same action moves the arm further at a lower
+    control rate); ``shader_pack`` shades the cameras."""
+    actions = np.tile(np.array([0.5, 0.0, 0.0, 0.0], np.float32), (1, 2, 1))
+    pose = ["init_params.control_mode=pd_ee_delta_pos"]
+    moved = {}
+    for rates in (["init_params.control_freq=20"], ["init_params.control_freq=10"]):
+        with make_vector_env(load_env_config("maniskill_push_cube", pose + rates), num_envs=1) as env:
+            base = env.sim.env.env.unwrapped
+            env.reset([2])
+            start = base.agent.tcp.pose.p.numpy().copy()
+            env.chunk_step(actions)
+            moved[base.control_freq] = float(np.linalg.norm(base.agent.tcp.pose.p.numpy() - start))
+            assert (base.sim_freq, base._sim_steps_per_control) == (100, 100 // base.control_freq)
+    assert moved[10] > moved[20] > 0
+    with make_vector_env(load_env_config("maniskill_push_cube", SMALL + [
+            "init_params.obs_mode=rgb", "init_params.shader_pack=default"]), num_envs=1) as env:
+        default = env.reset([2])["main_images"]
+        assert {c.shader_pack for c in env.sim.env.env.unwrapped._sensor_configs.values()} == {"default"}
+    with make_vector_env(load_env_config("maniskill_push_cube", SMALL + ["init_params.obs_mode=rgb"]),
+                         num_envs=1) as env:
+        assert not np.array_equal(env.reset([2])["main_images"], default)  # minimal shades otherwise
+
+
+@pytest.mark.parametrize("override,message", [
+    (["init_params.sim_freq=100", "init_params.control_freq=30"], r"sim_freq=100: expected a multiple of control_freq \(30\)"),
+    (["init_params.control_freq=0"], r"control_freq=0: expected null \(the task's\) or a positive integer"),
+    (["init_params.shader_pack=fancy"], r"shader_pack='fancy': expected null or one of \['minimal', 'default'"),
+])
+def test_bad_simulation_options_are_refused_before_any_scene_is_built(override, message):
+    with pytest.raises(EnvSetupError, match=message):
+        make_vector_env(load_env_config("maniskill_push_cube", override), num_envs=1)

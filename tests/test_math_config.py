@@ -131,11 +131,11 @@ def test_megatron_backend_dry_runs(tiny_math, capsys):
     ("math_grpo_tiny", "actor.training_backend=megatron actor.model.is_lora=true",
      "actor.model.is_lora: not supported here, because actor.training_backend megatron has no LoRA"),
     ("math_grpo_tiny", "actor.training_backend=megatron actor.fsdp_config.cpu_offload=true",
-     "actor.fsdp_config.cpu_offload: not supported here, because actor.training_backend is megatron (an FSDP "
-     "option)"),
+     "actor.fsdp_config.cpu_offload: not supported here, because actor.training_backend megatron does not read "
+     "it (fsdp does: FSDP2's"),
     ("math_grpo_tiny", "actor.model.tensor_model_parallel_size=2",
-     "actor.model.tensor_model_parallel_size: not supported here, because actor.training_backend is fsdp "
-     "(a Megatron option)"),
+     "actor.model.tensor_model_parallel_size: not supported here, because actor.training_backend fsdp does not "
+     "read it (megatron does: TP size"),
     ("math_grpo_tiny", "actor.megatron.distributed_timeout_minutes=5", "actor.megatron.distributed_timeout_minutes"),
     ("math_grpo_tiny", "actor.training_backend=megatron actor.model.pipeline_model_parallel_size=2",
      "actor.model.pipeline_model_parallel_size: not supported: pipeline parallelism"),

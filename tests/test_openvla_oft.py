@@ -408,6 +408,25 @@ def test_act_then_evaluate_agree(ckpt, value_type):
     assert torch.allclose(policy(greedy.forward_inputs, greedy.actions).logprobs, greedy.logprobs, atol=1e-5)
 
 
+def test_a_call_temperature_replaces_the_policys_own(ckpt):
+    """Evaluation's ``temperature_eval``: ``act(temperature=t)`` draws and scores the bins at t,
+    as a policy whose own temperature is t does; greedy picks the same bins at any temperature."""
+    own = build_policy(tiny_cfg(ckpt, add_value_head=False, is_lora=False, temperature=1.0, top_k=64))
+    hot = build_policy(tiny_cfg(ckpt, add_value_head=False, is_lora=False, temperature=4.0, top_k=64))
+    hot.load_state_dict(own.state_dict())
+    obs = make_obs(3)
+    torch.manual_seed(2)
+    a = own.act(obs, temperature=4.0)
+    torch.manual_seed(2)
+    b = hot.act(obs)
+    assert torch.equal(a.actions, b.actions) and torch.allclose(a.logprobs, b.logprobs, atol=1e-6)
+    torch.manual_seed(2)
+    assert not torch.equal(own.act(obs).actions, a.actions)
+    greedy, greedy_hot = own.act(obs, do_sample=False), own.act(obs, do_sample=False, temperature=4.0)
+    assert torch.equal(greedy.actions, greedy_hot.actions)
+    assert (greedy_hot.logprobs < greedy.logprobs).all()  # a flatter distribution over the bins
+
+
 def test_act_is_batch_invariant_and_checks_obs(ckpt):
     policy = build_policy(tiny_cfg(ckpt, add_value_head=False, is_lora=False))
     obs = make_obs(3)

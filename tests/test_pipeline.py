@@ -196,11 +196,12 @@ def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
 
 
 def test_cnn_policy_trains_from_camera_images(tmp_path):
-    """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers."""
+    """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers; a rollout
+    window of two episodes (``max_steps_per_rollout_epoch``, the envs resetting inside it)."""
     args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn"), "runner.max_epochs=2",
-            "runner.save_interval=1"]
+            "runner.save_interval=1", "env.train.auto_reset=true", "env.train.max_steps_per_rollout_epoch=20"]
     result, _ = embodied("train", args)
-    assert result["env_steps"] == 2 * 4 * 10
+    assert result["env_steps"] == 2 * 4 * 20
     for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
         values = scalars(tmp_path / "cnn", tag)
         assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), (tag, values)

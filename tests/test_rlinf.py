@@ -681,14 +681,13 @@ def test_maniskill_v01_lists_every_key_it_cannot_carry_over_in_one_message(manis
     assert code == 2
     assert err.count("config error") == 1
     listed = _listed(err)
-    for split in ("train", "eval"):
-        for key in ("sim_config.sim_freq", "sim_config.control_freq", "sensor_configs.shader_pack",
-                    "render_mode", "obj_set"):
-            assert f"env.{split}.init_params.{key}" in listed
-    assert {"env.train.max_steps_per_rollout_epoch",
-            "algorithm.sampling_params.temperature_eval", "actor.model.lora_path"} <= set(listed)
-    assert len(listed) == 13 and f"{len(listed)} setting(s)" in err
-    assert "algorithm.huber_delta" not in listed  # carried over (gae: Huber's value loss)
+    # a task of RLinf's own (obj_set), and a path that does not resolve
+    assert sorted(listed) == ["actor.model.lora_path", "env.eval.init_params.obj_set", "env.train.init_params.obj_set"]
+    assert f"{len(listed)} setting(s)" in err
+    for carried in ("algorithm.huber_delta", "algorithm.sampling_params.temperature_eval", "sim_config.sim_freq",
+                    "max_steps_per_rollout_epoch",
+                    "sim_config.control_freq", "sensor_configs.shader_pack", "render_mode"):
+        assert not any(carried in key for key in listed)
     assert "actor.model.lora_path (unresolved): cannot resolve it" in err
     assert "env.eval.max_steps_per_rollout_epoch" not in listed  # 80 = its max_episode_steps
 
@@ -711,6 +710,11 @@ def test_maniskill_v01_renamed_keys_land_where_they_should(maniskill_v01):
         "env.train.init_params.control_mode": "arm_pd_ee_target_delta_pose_align2_gripper_pd_joint_pos",
         "runner.experiment_name": "maniskill_ppo",
         "cluster.component_placement.actor": "0-1",
+        "algorithm.sampling_params.temperature_eval": 0.6,     # evaluation samples at it
+        "env.train.max_steps_per_rollout_epoch": 160,          # two episodes of 80 per rollout
+        "env.train.init_params.sim_freq": 500,                 # sim_config.sim_freq
+        "env.eval.init_params.control_freq": 5,                # sim_config.control_freq
+        "env.eval.init_params.shader_pack": "default",         # sensor_configs.shader_pack
     }
     assert {key: values.get(key) for key in expected} == expected
     dropped = ("rollout.model.model_path", "rollout.mode", "actor.model.trust_remote_code", "actor.tokenizer.use_fast",
@@ -719,37 +723,27 @@ def test_maniskill_v01_renamed_keys_land_where_they_should(maniskill_v01):
 
 
 # ------------------------------------------------------------------ current LIBERO GRPO: dry-run
-ACCEPT_LIBERO = ["rollout.sampling_params.temperature_eval=0", "env.train.reset_gripper_open=true",
-                 "env.eval.reset_gripper_open=true"]
-
-
 def _libero_paths(model: Path, assets: Path) -> list[str]:
     return [f"actor.model.model_path={model}", f"rollout.model.model_path={model}", "actor.model.unnorm_key=tiny_dataset",
             *(f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval"))]
 
 
-def test_libero_current_reports_what_differs_and_dry_runs_once_accepted(libero_current, tiny_oft, tmp_path, capsys):
+def test_libero_current_dry_runs_with_only_paths_overridden(libero_current, tiny_oft, tmp_path, capsys):
     assets = stand_in_assets(tmp_path / "libero_assets")
-    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
-                        *_libero_paths(tiny_oft, assets))
-    assert code == 2
-    assert sorted(_listed(err)) == ["env.eval.reset_gripper_open", "env.train.reset_gripper_open",
-                                    "rollout.sampling_params.temperature_eval"]
-    assert "override it with true to accept that" in err and "override it with 0 to accept that" in err
-
     code, out, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
-                          *_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO)
+                          *_libero_paths(tiny_oft, assets))
     assert code == 0, err
     assert "config OK" in out and "libero libero_10, 16 envs, 512 steps/episode, group_size 4" in out
 
 
 def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tmp_path):
     assets = stand_in_assets(tmp_path / "libero_assets")
-    cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO,
+    cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets),
                                                       "rollout.sampling_params.temperature_train=0.7"], libero_current)
     model, train, evaluate = cfg.actor.model, cfg.env.train, cfg.env.eval
     assert cfg.algorithm.sampling_params.temperature == 0.7  # an override in RLinf's key space, renamed
     assert cfg.algorithm.sampling_params.top_k == -1         # rollout.sampling_params.* moved
+    assert cfg.algorithm.sampling_params.temperature_eval == 1.6  # evaluation samples at it
     assert cfg.algorithm.rollout_epoch == 2                  # env.train.rollout_epoch
     assert (cfg.algorithm.adv_type, cfg.algorithm.loss_type, cfg.algorithm.group_size) == ("grpo", "ppo", 4)
     assert cfg.algorithm.filter_rewards  # bounds 1.0 / 4.0 keep exactly the mixed groups of 4 at coef 5
@@ -760,6 +754,7 @@ def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tm
     assert cfg.actor.fsdp_config.strategy == "fsdp2"
     assert (train.group_size, train.max_episode_steps, train.reward_coef) == (4, 512, 5.0)
     assert train.init_params.num_settle_steps == 15 and train.init_params.camera_heights == 256
+    assert not train.init_params.reset_gripper_open and not evaluate.init_params.reset_gripper_open  # 0 command
     assert evaluate.each_reset_state_once and not evaluate.auto_reset and evaluate.ignore_terminations
     assert cfg.runner.experiment_name == "libero_10_grpo"
 
@@ -767,14 +762,15 @@ def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tm
 def test_eval_only_leaves_the_training_envs_settings_alone(libero_current):
     """embodied-eval (runner.only_eval): the training envs do not run, so what differs there is
     not reported."""
-    problems = rlinf.read(libero_current, "libero_10_grpo_openvlaoft", ["runner.only_eval=true"]).problems
-    assert sorted(problems) == ["env.eval.reset_gripper_open", "rollout.sampling_params.temperature_eval"]
+    windows = [f"env.{split}.max_steps_per_rollout_epoch=7" for split in ("train", "eval")]
+    problems = rlinf.read(libero_current, "libero_10_grpo_openvlaoft", ["runner.only_eval=true", *windows]).problems
+    assert sorted(problems) == ["env.eval.max_steps_per_rollout_epoch"]
 
 
 def test_print_config_writes_a_native_file_that_composes_to_the_same_config(libero_current, tiny_oft, tmp_path,
                                                                             capsys):
     assets = stand_in_assets(tmp_path / "libero_assets")
-    overrides = [*_libero_paths(tiny_oft, assets), *ACCEPT_LIBERO]
+    overrides = _libero_paths(tiny_oft, assets)
     code, out, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--print-config", *overrides)
     assert code == 0 and not err
     elsewhere = _write(tmp_path / "mine", {"libero_10_grpo.yaml": out})
@@ -787,13 +783,13 @@ def test_print_config_with_untranslated_keys_lists_them_atop_and_exits_2(maniski
     code, out, err = _run(capsys, maniskill_v01, "maniskill_ppo_openvlaoft", "--print-config")
     assert code == 2
     assert out.startswith("# maniskill_ppo_openvlaoft, translated") and "defaults:" in out
-    assert "#   algorithm.sampling_params.temperature_eval = " in out  # reported, atop the native file
+    assert "#   env.train.init_params.obj_set = " in out  # reported, atop the native file
     assert "huber_delta: 10.0" in out  # carried over: Huber's value loss under gae
     assert err.count("config error") == 1
 
 
 def test_an_override_of_a_key_neither_rlinf_nor_we_have_is_listed_with_a_suggestion(libero_current, capsys):
-    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "runner.max_epoch=3", *ACCEPT_LIBERO)
+    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "runner.max_epoch=3")
     assert code == 2
     assert "runner.max_epoch = 3: no counterpart here; did you mean runner.max_epochs?" in err
 
@@ -825,9 +821,11 @@ def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_pat
 def test_every_renamed_key_lands_on_a_key_of_our_schema():
     ours = set(leaves())
     nodes = {key.rsplit(".", n)[0] for key in ours for n in range(1, key.count(".") + 1)}
+    simulator_options = {f"env.train.init_params.{key}" for name in ("maniskill_push_cube", "libero_base")
+                         for key in OmegaConf.load(CONFIG_DIR / "env" / f"{name}.yaml").init_params}
     for their, rule in rlinf.RLINF_KEYS.items():
         if isinstance(rule, rlinf.Rename):
-            assert rule.to.replace("*", "train") in ours | nodes, their
+            assert rule.to.replace("*", "train") in ours | nodes | simulator_options, their
 
 
 def test_docs_list_every_key_of_the_table():

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from core.registry import load
 from embodied import refused, schema, validate
-from embodied.backends import FSDP
+from embodied.backends import BACKENDS
 from embodied.config import ConfigError, compose
 from embodied.schema import CONFIG_DIR
 from embodied.schema import Rule, RuleError, parse_rule
@@ -97,10 +97,12 @@ def test_the_cli_exits_2_on_a_value_outside_its_rule(capsys):
     ("env.train.num_processes=many", "env.train.num_processes = 'many': expected a number >= 1 or null"),
     ("env.eval.video_cfg.fps=0", "env.eval.video_cfg.fps = 0: expected a number >= 1"),
     ("env.train.seed=-1", "env.train.seed = -1: expected a number >= 0"),
-    ("env.eval.task_suite_name=libero_99", "env.eval.task_suite_name = 'libero_99': expected one of ['libero_spatial', "),
+    ("env.eval.task_suite_name=libero_99", "env.eval.task_suite_name: not supported here, because env.eval.env_type "
+                                           "maniskill does not read it"),
 ])
 def test_a_value_no_env_or_model_allows_is_refused_where_nothing_reads_it(override, message, capsys):
-    """ManiSkill reads no suite; the keys are still checked against their rule, before anything starts."""
+    """Keys are checked against their rule before anything starts; a key of another env (a suite
+    for ManiSkill) is refused first."""
     from embodied import cli
 
     assert cli._main(["--config-name", "maniskill_ppo_mlp", "--dry-run", override], "embodied-train") == 2
@@ -149,8 +151,14 @@ def test_every_declared_choice_is_implemented():
 
 # ------------------------------------------------------- every key is read or refused
 def _declared() -> dict[str, Path]:
-    """``CONFIG_KEYS`` of every module: key -> module that reads it."""
-    out = {}
+    """``CONFIG_KEYS`` of every module and the ``reads`` of the losses and estimators: key ->
+    module that reads it."""
+    from embodied.algorithms import ADVANTAGES, POLICY_LOSSES, advantages, imitation, losses
+
+    out = {key: Path(advantages.__file__) for name in ADVANTAGES.names() for key in ADVANTAGES.reads(name)}
+    for name in POLICY_LOSSES.names():
+        module = imitation if POLICY_LOSSES.declared(name)["imitation"] else losses
+        out |= dict.fromkeys(POLICY_LOSSES.reads(name), Path(module.__file__))
     for path in CODE:
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CONFIG_KEYS" for t in node.targets):
@@ -193,7 +201,7 @@ def unaccounted(config_dir: Path = CONFIG_DIR) -> list[str]:
         classes = [POLICIES.get(name), *(load(t) for t in POLICIES.declared(name)["training"].values())]
         own = {k for cls in classes for c in cls.__mro__ for k in vars(c).get("config_keys", ())}
         models[name] = {f"actor.model.{k}" for k in own | {k for cls in classes for k in cls.refused_keys}}
-    megatron_only = set(FSDP.unread_keys(None))
+    megatron_only = set(BACKENDS.reads("megatron"))
     leaves = {}
     for name in MODEL_TYPES:
         leaves |= {(k, name if k.startswith("actor.model.") else None): leaf
@@ -249,8 +257,24 @@ REFUSALS = [
     ("maniskill_ppo_mlp", ["algorithm.sampling_params.top_k=5"],
      "algorithm.sampling_params.top_k: not supported here, because mlp with the gaussian head samples no token logits"),
     ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text or agent envs"),
+    ("maniskill_ppo_mlp", ["algorithm.sampling_params.temperature_eval=0.5"],
+     "algorithm.sampling_params.temperature_eval: not supported here, because mlp with the gaussian head samples no"),
     ("maniskill_grpo_mlp", ["algorithm.huber_delta=1.0"],
-     "algorithm.huber_delta: not supported here, because algorithm.adv_type grpo trains no critic"),
+     "algorithm.huber_delta: not supported here, because algorithm.adv_type grpo does not read it (gae does: "),
+    ("maniskill_grpo_mlp", ["algorithm.gae_lambda=0.9"],
+     "algorithm.gae_lambda: not supported here, because algorithm.adv_type grpo does not read it (gae does"),
+    ("maniskill_grpo_mlp", ["algorithm.gamma=1.0"],
+     "algorithm.gamma: not supported here, because algorithm.adv_type grpo does not read it (gae does"),
+    ("maniskill_ppo_mlp", ["algorithm.norm_adv_by_std_in_grpo=false"],
+     "algorithm.norm_adv_by_std_in_grpo: not supported here, because algorithm.adv_type gae does not read it (grpo"),
+    ("maniskill_ppo_mlp", ["algorithm.filter_rewards=true"],
+     "algorithm.filter_rewards: not supported here, because algorithm.adv_type gae does not read it (grpo does"),
+    ("maniskill_sft_mlp", ["algorithm.kl_penalty_type=mse"],
+     "algorithm.kl_penalty_type: not supported here, because algorithm.loss_type sft does not read it (ppo or "),
+    ("maniskill_ppo_mlp", ["env.eval.task_suite_name=libero_10"],
+     "env.eval.task_suite_name: not supported here, because env.eval.env_type maniskill does not read it (libero"),
+    ("maniskill_sft_mlp", ["algorithm.gae_lambda=0.9"],
+     "algorithm.gae_lambda: not supported here, because algorithm.loss_type sft computes no advantages"),
     ("maniskill_ppo_mlp", ["actor.model.is_lora=true"], "actor.model.is_lora: not supported: LoRA adapters"),
     ("maniskill_ppo_openvla_oft", ["actor.model.action_head=l1_regression", "algorithm.sampling_params.temperature=0.5"],
      "algorithm.sampling_params.temperature: not supported here, because openvla_oft with the l1_regression head"),
@@ -277,7 +301,11 @@ def test_a_key_set_where_nothing_reads_it_is_refused(config, overrides, message)
 def test_keys_that_this_config_reads_are_not_refused():
     refused.refuse_unsupported(compose("maniskill_ppo_openvla_oft", ["algorithm.sampling_params.temperature=0.5"]))
     refused.refuse_unsupported(compose("maniskill_ppo_mlp", ["actor.model.action_distribution=bins",
-                                                             "actor.model.n_action_bins=16", "algorithm.huber_delta=1.0"]))
+                                                             "actor.model.n_action_bins=16", "algorithm.huber_delta=1.0",
+                                                             "algorithm.gae_lambda=0.9"]))
+    refused.refuse_unsupported(compose("maniskill_grpo_mlp", ["algorithm.filter_rewards=true",
+                                                              "algorithm.norm_adv_by_std_in_grpo=false"]))
+    refused.refuse_unsupported(compose("maniskill_sft_mlp", ["data.demo_paths=[a.h5]"]))
     refused.refuse_unsupported(compose("math_grpo_tiny", ["algorithm.sampling_params.top_p=0.9", "data.seed=3"]))
 
 
@@ -293,6 +321,86 @@ def test_a_key_of_another_model_names_the_models_that_read_it():
 def test_task_type_picks_the_checks():
     with pytest.raises(ConfigError, match=r"^env.train.env_type = 'maniskill': expected text with runner.task_type=math"):
         validate.validate(compose("maniskill_ppo_mlp", ["runner.task_type=math"]))
+
+
+class Reads(dict):
+    """Options that note each key read from them."""
+
+    def __init__(self, values: dict) -> None:
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+
+def _rollout(steps: int = 6, envs: int = 4, chunks: int = 2, dims: int = 3):
+    from embodied.batch import Trajectory
+
+    g = torch.Generator().manual_seed(0)
+    done = torch.rand(steps, envs, chunks, generator=g) < 0.1
+    return Trajectory(
+        forward_inputs={"states": torch.randn(steps, envs, 5, generator=g)},
+        actions=torch.randn(steps, envs, chunks, dims, generator=g),
+        logprobs=-torch.rand(steps, envs, chunks, dims, generator=g),
+        token_mask=torch.ones(steps, envs, chunks, dims, dtype=torch.bool),
+        rewards=torch.rand(steps, envs, chunks, generator=g), terminations=done, truncations=torch.zeros_like(done),
+        values=torch.randn(steps + 1, envs, generator=g))
+
+
+@pytest.mark.parametrize("adv", ["gae", "grpo"])
+def test_an_estimator_reads_what_it_declares_and_nothing_it_does_not(adv):
+    """Run the estimator's path (its advantages, the batch whitening, the loss's options): every
+    key it declares is read (but the critic's warm-up, which the actor reads per step), and the
+    estimator itself reads no algorithm key that it does not declare but the group size."""
+    from embodied.algorithms import ADVANTAGES, loss_hyperparameters
+    from embodied.algorithms.advantages import StepSignals
+    from embodied.algorithms.trajectory import normalize, training_samples
+
+    base = OmegaConf.to_container(compose("maniskill_ppo_mlp").algorithm, resolve=True)
+    algo = Reads(base | {"adv_type": adv, "group_size": 2})
+    normalize(training_samples(_rollout(), algo), algo, None)
+    loss_hyperparameters(algo)
+    declared = {key.removeprefix("algorithm.") for key in ADVANTAGES.reads(adv)}
+    assert declared - {"critic_warmup"} <= algo.read
+
+    alone = Reads(dict(algo))
+    traj = _rollout()
+    ADVANTAGES.get(adv)(StepSignals(traj.rewards.sum(-1), traj.terminations.any(-1), traj.truncations.any(-1),
+                                    traj.values), alone)
+    assert alone.read <= declared | {"group_size"}
+
+
+@pytest.mark.parametrize("loss", ["ppo", "decoupled_actor_critic"])
+def test_a_policy_loss_reads_what_it_declares(loss):
+    """The loss's own options, read by running it: those it declares are read, and it reads
+    none that it does not declare (the actor reads the update's other keys, CONFIG_KEYS)."""
+    from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters
+    from embodied.algorithms.advantages import CRITIC_TRAINING
+
+    base = OmegaConf.to_container(compose("maniskill_ppo_mlp").algorithm, resolve=True)
+    algo = Reads(base | {"loss_type": loss, "behave_weight_threshold": 2.0, "early_stop_imp_ratio": 5.0})
+    options = loss_hyperparameters(algo)
+    g = torch.Generator().manual_seed(1)
+    n = 8
+    logprobs = -torch.rand(n, 2, generator=g)
+    actor_critic_loss(logprobs=logprobs, old_logprobs=logprobs.detach() - 0.1, advantages=torch.randn(n, generator=g),
+                      mask=torch.ones(n, dtype=torch.bool), entropy=torch.rand(n, 2, generator=g),
+                      values=torch.randn(n, generator=g), old_values=torch.randn(n, generator=g),
+                      returns=torch.randn(n, generator=g), ref_logprobs=logprobs.detach(),
+                      policy_loss=POLICY_LOSSES.get(loss),
+                      proximal_logprobs=logprobs.detach() if POLICY_LOSSES.declared(loss)["proximal"] else None,
+                      **options)
+    declared = {key.removeprefix("algorithm.") for key in POLICY_LOSSES.reads(loss) | CRITIC_TRAINING} | {"loss_type"}
+    assert algo.read <= declared
+    assert {"ratio_clip_eps", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_func",
+            "entropy_bonus", "kl_beta", "kl_penalty_type", "early_stop_imp_ratio"} <= algo.read
+    assert ("behave_weight_threshold" in algo.read) == POLICY_LOSSES.declared(loss)["proximal"]
 
 
 def test_registered_algorithms_are_the_declared_choices():

@@ -8,6 +8,8 @@ a truncated one was cut by a time limit and still has one, so it bootstraps from
 Estimators register themselves by ``algorithm.adv_type`` (``ADVANTAGES``) with what they need
 declared beside them, which validation and the actor read: a new one is a decorated function of
 ``(StepSignals, algorithm options) -> Estimate`` here, plus its name in config/base.yaml's choices.
+Its ``reads`` are the keys it reads and, for an estimator that gives value targets, the keys of
+the critic's training those targets drive; under another estimator they are refused when set.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from torch import Tensor
 
 from core.registry import Registry
 
-# the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("algorithm.group_size", "algorithm.gamma", "algorithm.gae_lambda",
-               "algorithm.norm_adv_by_std_in_grpo", "algorithm.filter_rewards")
+# the config keys read here whatever the estimator (tests/test_schema.py: every schema key is read or refused)
+CONFIG_KEYS = ("algorithm.group_size",)
 
 ADVANTAGES = Registry(
     "advantage estimator", "algorithm.adv_type",
@@ -51,7 +52,18 @@ class Estimate:
     returns: Tensor | None = None  # [T, B] value targets, for estimators that use the critic
 
 
-@ADVANTAGES.register("gae", needs_value_head=True, normalize=True)
+CRITIC_TRAINING = {
+    "algorithm.value_clip": "the value loss's clip",
+    "algorithm.huber_delta": "the value loss's Huber threshold",
+    "algorithm.value_loss_coef": "the value loss's weight",
+    "algorithm.critic_warmup": "steps that train the critic alone",
+    "algorithm.bootstrap_at_done": "bootstrapping from the critic at an episode's end",
+}
+
+
+@ADVANTAGES.register("gae", needs_value_head=True, normalize=True, reads={
+    "algorithm.gamma": "the discount", "algorithm.gae_lambda": "the GAE lambda",
+    "algorithm.normalize_advantages": "whitening over the batch", **CRITIC_TRAINING})
 def gae(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
     """PPO's generalized advantage estimation (``compute_gae``); every step trains."""
     advantages, returns = compute_gae(steps.rewards, steps.values, steps.terminations, steps.truncations,
@@ -59,7 +71,9 @@ def gae(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
     return Estimate(advantages, torch.ones_like(advantages, dtype=torch.bool), returns)
 
 
-@ADVANTAGES.register("grpo", needs_groups=True)
+@ADVANTAGES.register("grpo", needs_groups=True, reads={
+    "algorithm.norm_adv_by_std_in_grpo": "dividing by the group's std",
+    "algorithm.filter_rewards": "dropping groups that all scored the same"})
 def grpo(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
     """Each env's first-episode return, normalized within its group (``grpo_advantages``), on
     every step of that episode; with ``filter_rewards`` groups that all scored the same drop out."""

@@ -17,7 +17,7 @@ from torch import Tensor
 from embodied.algorithms.losses import POLICY_LOSSES
 
 
-@POLICY_LOSSES.register("sft", imitation=True)
+@POLICY_LOSSES.register("sft", imitation=True, reads={"data.demo_paths": "the demonstrations"})
 def imitation_loss(logprobs: Tensor | None, predicted: Tensor | None, target: Tensor | None
                    ) -> tuple[Tensor, dict[str, Tensor]]:
     """``-mean(logprobs)`` over every action token of the micro-batch when the head gives

@@ -6,7 +6,9 @@ function of ``(logprobs, old_logprobs, advantages, mask, *, clip_ratio_low, clip
 clip_ratio_c, loss_agg_func)`` returning ``(loss, metrics)``, decorated here, plus its name in
 config/base.yaml's choice list. A loss that declares ``proximal=True`` also takes
 ``proximal_logprobs`` (the policy's own at the start of the update, which the actor then
-computes) and ``behave_weight_threshold``.
+computes) and ``behave_weight_threshold``. A loss's ``reads`` are the keys that choosing it makes
+the run read: a loss on rollouts reads ``ROLLOUT_UPDATE`` (the actor's update and the advantage
+estimator, whose own keys ``ADVANTAGES`` declares); the others are refused under it when set.
 
 Shapes: dim 0 indexes samples ("sequences": one chunk step of one env, or one text response);
 any further dims are that sample's tokens. Masks are bool/0-1 tensors of the loss's shape and
@@ -26,16 +28,28 @@ from core.registry import Registry
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.levels import expand_like
 
-# the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("algorithm.ratio_clip_eps", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high",
-               "algorithm.clip_ratio_c", "algorithm.value_clip", "algorithm.huber_delta", "algorithm.value_loss_coef",
-               "algorithm.kl_penalty_type", "algorithm.loss_agg_func", "algorithm.early_stop_imp_ratio",
-               "algorithm.behave_weight_threshold")
-
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = Registry("policy loss", "algorithm.loss_type",
                          proximal=False,  # needs the proximal policy's log-probs (and values) at update start
                          imitation=False)  # trains on demonstrations, not rollouts (embodied/algorithms/imitation.py)
+
+# what an update on rollouts reads, whichever loss drives it (embodied/workers/actor.py, trajectory.py)
+ROLLOUT_UPDATE = {
+    "algorithm.adv_type": "the advantage estimator",
+    "algorithm.ratio_clip_eps": "the ratio clip", "algorithm.clip_ratio_low": "the ratio clip below 1",
+    "algorithm.clip_ratio_high": "the ratio clip above 1", "algorithm.clip_ratio_c": "the dual clip",
+    "algorithm.loss_agg_func": "how token losses aggregate", "algorithm.early_stop_imp_ratio": "a batch's stop",
+    "algorithm.entropy_bonus": "the entropy bonus", "algorithm.calculate_entropy": "the entropy metric",
+    "algorithm.entropy_type": "the entropy's level", "algorithm.logprob_type": "the log-probs' level",
+    "algorithm.reward_type": "the rewards' level",
+    "algorithm.kl_beta": "the KL weight", "algorithm.kl_penalty_type": "the KL estimator in the loss",
+    "algorithm.kl_penalty": "the KL estimator in the reward", "algorithm.use_kl_in_reward": "KL in the reward",
+    "algorithm.target_kl": "an update's stop", "algorithm.rollout_epoch": "rollouts per step",
+    "algorithm.update_epochs": "passes over a step's samples", "algorithm.shuffle_rollout": "minibatch order",
+    "algorithm.staleness_threshold": "rollouts ahead of the update",
+    "rollout.recompute_logprobs": "the actor's log-probs of a rollout",
+    "actor.optim.value_lr": "the critic's learning rate",
+}
 
 # bound of |log pi - log pi_old| before exp: a ratio stays finite however far the policy moved
 MAX_LOG_RATIO = 20.0
@@ -75,7 +89,7 @@ def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     return aggregate_loss(x, mask, "token-mean")
 
 
-@POLICY_LOSSES.register("ppo")
+@POLICY_LOSSES.register("ppo", reads=ROLLOUT_UPDATE)
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -130,7 +144,8 @@ def _clipped_surrogate(logprobs: Tensor, reference_logprobs: Tensor, advantages:
     return loss, metrics
 
 
-@POLICY_LOSSES.register("decoupled_actor_critic", proximal=True)
+@POLICY_LOSSES.register("decoupled_actor_critic", proximal=True, reads={
+    **ROLLOUT_UPDATE, "algorithm.behave_weight_threshold": "the staleness weight's cap"})
 def decoupled_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -310,20 +325,23 @@ _LOSS_KEYS = (
     "loss_agg_func", "clip_ratio_c", "entropy_bonus", "value_clip", "huber_delta", "value_loss_coef",
     "kl_beta", "kl_penalty_type", "early_stop_imp_ratio",
 )
-_OPTIONAL_KEYS = ("behave_weight_threshold",)  # keys only some losses read (the actor passes them on)
 
 
 def loss_hyperparameters(algorithm_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The hyperparameters of ``actor_critic_loss`` from the ``algorithm`` config.
 
     ``clip_ratio_low`` / ``clip_ratio_high`` fall back to ``ratio_clip_eps`` when unset (null),
-    so one key gives symmetric clipping and the two others make it asymmetric.
+    so one key gives symmetric clipping and the two others make it asymmetric. A proximal loss
+    (``algorithm.loss_type``) also gets ``behave_weight_threshold``.
     """
-    missing = [k for k in ("ratio_clip_eps", *_LOSS_KEYS) if k not in algorithm_cfg]
+    keys = ("loss_type", "ratio_clip_eps", *_LOSS_KEYS)
+    missing = [k for k in keys if k not in algorithm_cfg]
     if missing:
         raise KeyError(f"algorithm config lacks {', '.join('algorithm.' + k for k in missing)}")
     eps = algorithm_cfg["ratio_clip_eps"]
-    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS} | {k: algorithm_cfg[k] for k in _OPTIONAL_KEYS if k in algorithm_cfg}
+    out = {k: algorithm_cfg[k] for k in _LOSS_KEYS}
+    if POLICY_LOSSES.declared(algorithm_cfg["loss_type"])["proximal"]:
+        out["behave_weight_threshold"] = algorithm_cfg["behave_weight_threshold"]
     for key in ("clip_ratio_low", "clip_ratio_high"):
         value = algorithm_cfg.get(key)
         out[key] = eps if value is None else value

@@ -177,6 +177,7 @@ class ActorWorker(Worker):
                 sums[key] += float(value) / len(parts)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+        self.backend.reduce_gradients(self.policy)
         norm = self.backend.clip_gradients(self.policy, self.cfg.actor.optim.clip_grad)
         sums["actor/grad_norm"] = norm
         if self.scaler:  # fp16: the scaler skips steps with inf gradients and lowers its scale

@@ -18,7 +18,7 @@ from embodied.channel.keys import action_key, obs_key, replay_key
 from embodied.worker import Worker
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("actor.model.do_sample",)
+CONFIG_KEYS = ("actor.model.do_sample", "algorithm.sampling_params.temperature_eval")
 PROBE_ROWS = 8  # responses of the first rollout kept to check every weight sync (serving engines)
 
 
@@ -86,7 +86,9 @@ class RolloutWorker(Worker):
         spent waiting for observations and the rest (inference, bookkeeping)."""
         torch.manual_seed(seed * 1009 + self.rank)
         train = split == "train"
-        do_sample = self.cfg.actor.model.do_sample if split != "eval" else False  # eval: greedy; eval_pass_k samples
+        # evaluation is greedy unless temperature_eval > 0; eval_pass_k samples as training does
+        temperature = self.cfg.algorithm.sampling_params.temperature_eval if split == "eval" else None
+        do_sample = bool(temperature) if split == "eval" else self.cfg.actor.model.do_sample
         records = {stream: defaultdict(list) for stream in self.streams}
         start, waited = time.monotonic(), 0.0
         for t in range(num_chunk_steps + 1):
@@ -101,7 +103,7 @@ class RolloutWorker(Worker):
                     if train and self.policy.has_value_head:
                         record["values"].append(self.policy.values(message["obs"]))
                     continue
-                out = self.policy.act(message["obs"], do_sample=do_sample)
+                out = self.policy.act(message["obs"], do_sample=do_sample, temperature=temperature or None)
                 self.channel.put(action_key(self.cfg, split, *stream), out.actions.cpu().numpy())
                 if train and self.probe is None:
                     self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},

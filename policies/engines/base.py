@@ -169,11 +169,11 @@ class EnginePolicy(Policy):
         """Where ``act``'s tensors are: the engine's own device stays inside the engine."""
         return torch.device("cpu")
 
-    def request(self, do_sample: bool) -> Sampling:
+    def request(self, do_sample: bool, temperature: float | None = None) -> Sampling:
         s = self.sampling
         top_k = int(s["top_k"])
         return Sampling(
-            temperature=float(s["temperature"]) if do_sample else 0.0,
+            temperature=float(temperature or s["temperature"]) if do_sample else 0.0,
             top_k=top_k if do_sample and 0 < top_k < self.vocab_size else 0,
             top_p=float(s["top_p"]) if do_sample else 1.0,
             repetition_penalty=float(s["repetition_penalty"]), min_new_tokens=int(s["min_new_tokens"]),
@@ -182,11 +182,12 @@ class EnginePolicy(Policy):
             seed=int(torch.randint(2**31 - 1, ())) if do_sample else None)
 
     @torch.no_grad()
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
         ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).cpu()
         mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).cpu()
         prompts, counts = group_prompts(ids, mask)
-        completions = [c for group in self._generate(prompts, counts, self.request(do_sample)) for c in group]
+        request = self.request(do_sample, temperature)
+        completions = [c for group in self._generate(prompts, counts, request) for c in group]
         width = self.max_new_tokens
         tokens = torch.full((len(completions), width), self.pad, dtype=torch.long)
         logprobs = torch.zeros(len(completions), width)

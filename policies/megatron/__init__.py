@@ -11,10 +11,17 @@ tensor-parallel over gloo on CPU or NCCL on GPU. Pinned to ``megatron-core==0.16
 - ``checkpoint.py``: ``dist_checkpointing`` folders (weights and optimizer), reshardable.
 - ``cpu.py``: the CUDA assumptions of 0.16.1 on these paths, handled when there is no CUDA.
 - ``options.py``: ``check_options``, the checks the driver runs before workers start.
+- ``backend.py``: ``MegatronBackend``, the training backend the actor drives (``core/backend.py``).
 
-The reference's Megatron keys: ``READ`` says what each key this backend reads becomes (keys read
-"by the actor" are for the actor worker to honour; the rest are read here); those no backend can
-honour are refused in ``embodied/refused.py`` (``MEGATRON_NEVER``), each with its reason.
+The reference's Megatron keys: ``READ`` says what each key only this backend reads becomes (the
+backend registry's ``reads``, refused under ``fsdp``; keys read "by the actor" are for the actor
+worker to honour, the rest are read here); those no backend can honour are refused in
+``embodied/refused.py`` (``MEGATRON_NEVER``), each with its reason. The keys every backend reads
+mean here what they mean with FSDP: ``model_path`` is the HF folder the GPTModel's shapes and
+weights come from, ``precision`` the parameters' dtype (TransformerConfig ``params_dtype``),
+``temperature`` scales the logits of the log-probs as in ``causal_lm``, ``gradient_checkpointing``
+recomputes every layer (full, uniform, one layer at a time), ``actor.optim.*`` make a plain torch
+optimizer over this rank's shards, and ``clip_grad`` clips counting tensor-parallel shards once.
 """
 
 import warnings
@@ -30,13 +37,6 @@ for _message in ("Transformer Engine and Apex are not installed", "Apex is not i
 __all__ = ["READ", "check_options"]
 
 READ: dict[str, str] = {
-    "actor.training_backend": "megatron: this backend, for model_type causal_lm",
-    "actor.model.model_path": "the HF folder the GPTModel's shapes (config.json) and weights come from",
-    "actor.model.precision": "parameter dtype (TransformerConfig params_dtype, bf16 / fp16 flags)",
-    "actor.model.temperature": "log-probs of log_softmax(logits / temperature), as causal_lm",
-    "actor.model.max_prompt_length": "with action_dim: checked against the model's positions",
-    "actor.model.gradient_checkpointing": "by the actor, through enable_gradient_checkpointing(): every layer "
-                                          "recomputed (full, uniform, 1 layer); not with recompute_granularity",
     "actor.model.tensor_model_parallel_size": "TP size: Megatron's process groups (TP groups of consecutive "
                                               "ranks, data parallel over the rest); must divide the world "
                                               "size, heads, KV heads and FFN size; the vocabulary is padded "
@@ -60,9 +60,6 @@ READ: dict[str, str] = {
                              "CUDA kernel)"
        for key in ("apply_rope_fusion", "bias_dropout_fusion", "persist_layer_norm", "bias_activation_fusion",
                    "gradient_accumulation_fusion")},
-    "actor.optim.optimizer": "by the actor: a plain torch optimizer (adam | adamw | sgd) over this rank's "
-                             "shards, as with FSDP (adam_beta1/2, adam_eps, weight_decay, lr likewise)",
-    "actor.optim.clip_grad": "by the actor: training.clip_grad_norm (TP shards counted once)",
     "actor.megatron.distributed_backend": "by the actor: its process group's backend with CUDA (nccl | gloo); "
                                           "gloo without CUDA",
     "actor.megatron.distributed_timeout_minutes": "by the actor: its process group's timeout",

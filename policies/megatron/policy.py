@@ -72,7 +72,7 @@ class MegatronCausalLMPolicy(Policy):
         return twin.train(self.training)
 
     # ----------------------------------------------------------------- rollout
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
         raise ConfigError("actor.training_backend=megatron trains the causal LM; rollouts generate with "
                           "policies/causal_lm.py (rollout.backend), which loads trainable_state_dict()")
 

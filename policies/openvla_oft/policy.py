@@ -201,8 +201,8 @@ class OpenVLAOFTPolicy(Policy):
     def num_action_tokens(self) -> int:
         return self.num_action_chunks * self.action_dim
 
-    def sampler(self, do_sample: bool) -> ActionSampler:
-        return ActionSampler(do_sample, self.options.temperature, self.options.top_k)
+    def sampler(self, do_sample: bool, temperature: float | None = None) -> ActionSampler:
+        return ActionSampler(do_sample, temperature or self.options.temperature, self.options.top_k)
 
     def shard_units(self) -> list[nn.Module]:
         """Modules an FSDP actor shards one by one before the policy itself (the root)."""
@@ -298,7 +298,7 @@ class OpenVLAOFTPolicy(Policy):
         )
 
     @torch.no_grad()
-    def act(self, obs: Mapping[str, Any], do_sample: bool = True) -> ActOutput:
+    def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
         forward_inputs = self.observation_inputs(obs)
         out, values = self.forward_model(forward_inputs)
         values = None if values is None else values.cpu()
@@ -308,7 +308,7 @@ class OpenVLAOFTPolicy(Policy):
             forward_inputs["normalized_actions"] = normalized.cpu()
             return ActOutput(self.to_env_actions(normalized), dist.log_prob(normalized).cpu(), values, forward_inputs)
         logits = out.logits
-        sampler = self.sampler(do_sample)
+        sampler = self.sampler(do_sample, temperature)
         slots = sampler.choose(logits)
         shape = (logits.shape[0], self.num_action_chunks, self.action_dim)
         logprobs = sampler.log_probs(logits).gather(-1, slots[..., None])[..., 0].view(shape)
