@@ -95,21 +95,21 @@ class Runner:
         self.last_save = time.monotonic()
 
     def _launch(self, cfg: DictConfig, plan: PlacementPlan) -> None:
-        """The env, rollout and (to train) actor groups; each rank writes a crash report into
-        the run's log folder if it dies of a signal."""
+        """The env, rollout and (to train) actor groups, built at the same time; each rank writes
+        a crash report into the run's log folder if it dies of a signal."""
         crashes = str(Path(cfg.runner.logger.log_path) / crash_report.FOLDER)
         env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
         self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env", name=cfg.env.group_name,
-                                      args=(cfg, self.channel), crash_dir=crashes)
+                                      args=(cfg, self.channel), crash_dir=crashes, wait=False)
         self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",
-                                          name=cfg.rollout.group_name, crash_dir=crashes,
+                                          name=cfg.rollout.group_name, crash_dir=crashes, wait=False,
                                           args=(cfg, self.channel, env_ranks, actor_ranks))
         if not cfg.runner.only_eval:
             self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor", name=cfg.actor.group_name,
-                                            args=(cfg, self.channel), crash_dir=crashes)
+                                            args=(cfg, self.channel), crash_dir=crashes, wait=False)
         for group in (self.env, self.rollout, self.actor):
             if group is not None:
-                print(group.describe(), flush=True)
+                print(group.ready().describe(), flush=True)
 
     # ---------------------------------------------------------------- training
     def fit(self) -> dict[str, Any]:

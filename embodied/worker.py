@@ -251,6 +251,7 @@ class WorkerGroup:
         self._watches: dict[ray.ObjectRef, int] = {}
         self._error: WorkerError | None = None
         self._processes: list[tuple[str, int]] = []  # (host name, pid) of each rank
+        self._constructing: list[ray.ObjectRef] = []  # the ranks' __init__ calls until ``ready``
         self._crash_dir = crash_dir
 
     @classmethod
@@ -264,9 +265,11 @@ class WorkerGroup:
         args: tuple = (),
         kwargs: dict | None = None,
         crash_dir: str | None = None,
+        wait: bool = True,
     ) -> WorkerGroup:
         """Start one ``worker_cls(*args, **kwargs)`` per device that ``plan`` gives ``component``;
-        returns once every rank's ``__init__`` has finished (WorkerError if one raised). With
+        returns once every rank's ``__init__`` has finished (WorkerError if one raised), or at
+        once without ``wait`` (then ``ready`` waits, so that several groups start together). With
         ``crash_dir`` each rank leaves its backtraces there if it dies of a signal."""
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(f"{worker_cls!r} is not a subclass of embodied.worker.Worker")
@@ -295,11 +298,24 @@ class WorkerGroup:
                     accelerator=plan.accelerator,
                 )
                 refs.append(host.construct.remote(worker_cls, identity, env, args, kwargs or {}, crash_dir))
-            group._processes = GroupCall(group, "__init__", refs).wait()
         except BaseException:
             group.shutdown()
             raise
+        group._constructing = refs
+        if wait:
+            group.ready()
         return group
+
+    def ready(self) -> WorkerGroup:
+        """Wait until every rank's ``__init__`` has finished (WorkerError if one raised)."""
+        if self._constructing:
+            try:
+                self._processes = GroupCall(self, "__init__", self._constructing).wait()
+            except BaseException:
+                self.shutdown()
+                raise
+            self._constructing = []
+        return self
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> GroupCall:
         """Call ``method(*args, **kwargs)`` on every rank; returns at once with the handle. An

@@ -68,6 +68,17 @@ def no_shared_memory_left_behind():
 
 
 @pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for the end-to-end runs made in this process (tests/runs.py
+    ``embodied``); each run's ``Cluster`` joins it instead of starting its own."""
+    import ray
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def tiny_math(tmp_path_factory) -> dict[str, Path]:
     """The arithmetic prompt set and a warm-started tiny causal LM, made once per test session
     (about 15 s) for the math tests: ``{"data": folder with train.jsonl / test.jsonl, "model":

@@ -1,8 +1,12 @@
-"""Helpers of the end-to-end fault and multi-node tests: a tiny PPO config with the env, rollout
-and actor groups on separate devices, runs started as subprocesses, and their workers' pids."""
+"""Helpers of the end-to-end tests: commands run in this process on the session's Ray cluster
+(``embodied``), and for the fault and multi-node tests a tiny PPO config with the env, rollout and
+actor groups on separate devices, runs started as subprocesses, and their workers' pids."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import re
 import subprocess
 import sys
@@ -39,6 +43,28 @@ env:
   eval: {{{{total_num_envs: 2, max_episode_steps: 10}}}}
 """
 PIDS = re.compile(r"rank (\d+) pid (\d+) on node (\d+)")
+
+
+def embodied(command: str, args: list[str], code: int = 0) -> tuple[dict, subprocess.CompletedProcess]:
+    """``embodied-<command> <args>`` (train, eval or export) in this process, on the Ray cluster of the
+    ``ray_session`` fixture: what ``python -m embodied`` prints and returns, without a fresh
+    interpreter and Ray cluster per run. Returns the last line's JSON (empty without one: a dry run,
+    an error) and the output; asserts the exit code. A run that must be killed stays a subprocess
+    (``Run``)."""
+    from embodied import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if command == "eval":
+            returned = cli._main(args, "embodied-eval", evaluation=True, extra=["runner.only_eval=true"])
+        elif command == "export":
+            returned = cli._export(args, "embodied-export")
+        else:
+            returned = cli._main(args, "embodied-train")
+    done = subprocess.CompletedProcess(["embodied", command, *args], returned, out.getvalue(), err.getvalue())
+    assert done.returncode == code, done.stderr[-3000:]
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    return (json.loads(last) if last.startswith("{") else {}), done
 
 
 def tiny_config(folder: Path, env: str = "0", rollout: str = "1", actor: str = "0-1") -> list[str]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import math
 import string
-import subprocess
-import sys
 
 import pytest
 
+from tests.runs import embodied
 from tests.test_agent_env import CHATML
 
 pytestmark = pytest.mark.slow
@@ -23,7 +22,7 @@ FOLLOW_UP = ("Please provide your step-by-step reasoning, and also include a ten
 
 
 @pytest.fixture(scope="module")
-def skyrl_run(tmp_path_factory):
+def skyrl_run(tmp_path_factory, ray_session):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -50,10 +49,8 @@ def skyrl_run(tmp_path_factory):
             "runner.val_check_interval=2", "data.rollout_batch_size=2", "algorithm.group_size=4",
             "data.val_rollout_batch_size=4", "data.max_prompt_length=320", "runner.seq_length=352",
             "actor.micro_batch_size=8", "actor.global_batch_size=16"]
-    done = subprocess.run([sys.executable, "-m", "embodied", "train", "--config-name", "agent_arithmetic_tools_tiny",
-                           *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), root / "out" / "agent_arithmetic_tools_tiny", tok
+    result, _ = embodied("train", ["--config-name", "agent_arithmetic_tools_tiny", *args])
+    return result, root / "out" / "agent_arithmetic_tools_tiny", tok
 
 
 def test_skyrl_gym_env_trains_a_few_grpo_steps_with_finite_metrics(skyrl_run):

@@ -136,9 +136,10 @@ def test_unwritable_log_path_is_refused_before_anything_starts(tmp_path, small_m
                                           r"expected a writable folder"):
         load("maniskill_ppo_mlp", ["env.eval.video_cfg.save_video=true",
                                    f"env.eval.video_cfg.video_base_dir={small_mount / 'videos'}"])
-    done = subprocess.run([sys.executable, "-m", "embodied", "train",
-                           f"runner.logger.log_path={small_mount / 'new'}"], capture_output=True, text=True)
-    assert done.returncode == 2 and "Read-only file system" in done.stderr.strip().splitlines()[-1]
+    from tests.runs import embodied
+
+    _, done = embodied("train", [f"runner.logger.log_path={small_mount / 'new'}"], code=2)
+    assert "Read-only file system" in done.stderr.strip().splitlines()[-1]
     assert "Ray" not in done.stderr
 
 

@@ -5,11 +5,8 @@ the libero package; their scenes are built in tests/test_libero_suites.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import imageio
@@ -22,6 +19,7 @@ from envs.libero import SUITE_MAX_STEPS, LiberoEnv, check_config
 from embodied.config import load_env_config
 from envs import make_vector_env
 from envs.vector_env import EnvSetupError
+from tests.runs import embodied
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("LIBERO_TEST_DATA", ROOT.parent / "shared" / "libero"))
@@ -318,54 +316,41 @@ def test_bad_bddl_files_and_missing_assets_name_the_file(tmp_path):
         check_config(config(f"init_params.assets_path={tmp_path / 'assets'}"))
 
 
-def embodied(command: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "embodied", command, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-
-
 @pytest.mark.parametrize("command,name,envs,steps,chunks", [
     ("train", "libero_spatial_ppo_openvla_oft", 32, 220, 28),
     ("train", "libero_10_grpo_openvla_oft", 64, 520, 65),
     ("eval", "libero_spatial_eval_openvla_oft", 32, 220, 28),
 ])
 @pytest.mark.slow
-def test_openvla_oft_configs_dry_run(command, name, envs, steps, chunks, tmp_path):
+def test_openvla_oft_configs_dry_run(command, name, envs, steps, chunks, tmp_path, monkeypatch):
     (tmp_path / "trainer_state.json").write_text("{}")
-    done = embodied(command, "--config-name", name, "--dry-run", f"runner.ckpt_path={tmp_path}",
-                    LIBERO_ASSETS_PATH=str(stand_in_assets(tmp_path / "assets")))
-    assert done.returncode == 0, done.stderr
+    monkeypatch.setenv("LIBERO_ASSETS_PATH", str(stand_in_assets(tmp_path / "assets")))
+    _, done = embodied(command, ["--config-name", name, "--dry-run", f"runner.ckpt_path={tmp_path}"])
     suite = name.split("_")[0] + "_" + name.split("_")[1]
     assert f"env.eval: libero {suite}, {envs} envs, {steps} steps/episode" in done.stdout
     assert f"rollout: {chunks} chunk steps of 8 action(s)" in done.stdout
 
 
 @pytest.mark.slow
-def test_bad_libero_config_exits_2_before_workers_start(tmp_path):
-    assets = str(stand_in_assets(tmp_path / "assets"))
-    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "env.train.init_params.task_ids=[12]", LIBERO_ASSETS_PATH=assets)
-    assert done.returncode == 2
+def test_bad_libero_config_exits_2_before_workers_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBERO_ASSETS_PATH", str(stand_in_assets(tmp_path / "assets")))
+    spatial = ["--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run"]
+    _, done = embodied("train", [*spatial, "env.train.init_params.task_ids=[12]"], code=2)
     assert "env.train: env.init_params.task_ids=[12]: expected distinct task indices in [0, 10)" in done.stderr
-    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "env.eval.init_params.assets_path=/nonexistent", LIBERO_ASSETS_PATH=assets)
-    assert done.returncode == 2 and "env.eval: LIBERO assets: /nonexistent does not exist" in done.stderr
-    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "env.eval.auto_reset=true", LIBERO_ASSETS_PATH=assets)
-    assert done.returncode == 2 and "env.eval.auto_reset = True: expected false" in done.stderr
+    _, done = embodied("train", [*spatial, "env.eval.init_params.assets_path=/nonexistent"], code=2)
+    assert "env.eval: LIBERO assets: /nonexistent does not exist" in done.stderr
+    _, done = embodied("train", [*spatial, "env.eval.auto_reset=true"], code=2)
+    assert "env.eval.auto_reset = True: expected false" in done.stderr
     # the policy's gripper convention must be the env's
-    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "actor.model.invert_gripper=false", LIBERO_ASSETS_PATH=assets)
-    assert done.returncode == 2
+    _, done = embodied("train", [*spatial, "actor.model.invert_gripper=false"], code=2)
     assert ("env.train.init_params.gripper_open_action = -1: expected 1 with "
             "actor.model.invert_gripper=False") in done.stderr
-    done = embodied("train", "--config-name", "libero_spatial_ppo_openvla_oft", "--dry-run",
-                    "actor.model.invert_gripper=false", "env.train.init_params.gripper_open_action=1",
-                    "env.eval.init_params.gripper_open_action=1", LIBERO_ASSETS_PATH=assets)
-    assert done.returncode == 0, done.stderr
+    embodied("train", [*spatial, "actor.model.invert_gripper=false", "env.train.init_params.gripper_open_action=1",
+                       "env.eval.init_params.gripper_open_action=1"])
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
     """embodied-train for one step, then embodied-eval with each_reset_state_once: 2 tasks x 3
     held-out init states = 6 episodes on 4 envs (2 env workers), so 2 rounds with 2 extra
@@ -389,14 +374,11 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
             "actor.global_batch_size=4", "actor.micro_batch_size=4", "algorithm.update_epochs=1",
             f"runner.output_dir={tmp_path}", "runner.experiment_name=libero", "runner.max_epochs=1",
             "runner.val_check_interval=-1"]
-    done = embodied("train", *args)
-    assert done.returncode == 0, done.stderr[-3000:]
+    embodied("train", args)
     videos = tmp_path / "videos"
-    done = embodied("eval", *args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
-                    "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
-                    f"env.eval.video_cfg.video_base_dir={videos}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, _ = embodied("eval", [*args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
+                                  "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
+                                  f"env.eval.video_cfg.video_base_dir={videos}"])
     soup, ketchup = (t.replace(" ", "_") for t in (SOUP, KETCHUP))
     assert result["episodes"] == 6 and result["reset_states_shared_with_train"] == 0
     assert {t: v["episodes"] for t, v in result["tasks"].items()} == {soup: 3, ketchup: 3}

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from embodied import checkpoint
+from tests.runs import embodied
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,11 +28,8 @@ def _math(tiny_math, out, name, *extra):
             f"runner.output_dir={out}", f"runner.experiment_name={name}", *extra]
 
 
-def _embodied(command, args, timeout=600, config="math_grpo_tiny"):
-    done = subprocess.run([sys.executable, "-m", "embodied", command, "--config-name", config, *args],
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done
+def _embodied(command, args, config="math_grpo_tiny"):
+    return embodied(command, ["--config-name", config, *args])
 
 
 LEARNING_STEPS = 160

@@ -411,9 +411,8 @@ def test_eval_config_for_the_l1_head_and_exit_code_2(plain_ckpt, tmp_path):
     assert (model.action_head, model.use_proprio, model.num_images_in_input, model.center_crop) == (
         "l1_regression", True, 2, True)
     assert cfg.runner.ckpt_path is None  # eval of the pretrained folder alone
-    done = subprocess.run([sys.executable, "-m", "embodied", "eval", "--config-name", "maniskill_eval_openvla_oft",
-                           f"actor.model.model_path={plain_ckpt}", "actor.model.unnorm_key=tiny_dataset",
-                           "actor.model.use_proprio=false", "--dry-run"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2
+    from tests.runs import embodied
+
+    _, done = embodied("eval", ["--config-name", "maniskill_eval_openvla_oft", f"actor.model.model_path={plain_ckpt}",
+                                "actor.model.unnorm_key=tiny_dataset", "actor.model.use_proprio=false", "--dry-run"], code=2)
     assert done.stderr.count("\n") == 1 and "action_head=l1_regression" in done.stderr and str(plain_ckpt) in done.stderr

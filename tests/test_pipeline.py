@@ -3,7 +3,6 @@ with videos of state-only envs), offload between phases, resume after SIGKILL. (
 each kind: tests/test_faults.py.)"""
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -19,8 +18,9 @@ import pytest
 import torch
 
 from embodied import checkpoint
+from tests.runs import embodied
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 TASK = "push_the_blue_cube_onto_the_red_and_white_target"  # PushCube-v1's description as a key
 
 
@@ -34,13 +34,6 @@ def tiny(out: Path, name: str = "tiny") -> list[str]:
         "env.eval.total_num_envs=4", "env.eval.max_episode_steps=10",
         "actor.global_batch_size=20", "actor.micro_batch_size=10", "algorithm.update_epochs=2",
     ]
-
-
-def embodied(command: str, args: list[str], timeout: float = 600) -> tuple[dict, subprocess.CompletedProcess]:
-    done = subprocess.run([sys.executable, "-m", "embodied", command, *args],
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done
 
 
 def scalars(log_dir: Path, tag: str) -> dict[int, float]:

@@ -2,25 +2,22 @@
 LoRA under FSDP2 on 2 gloo ranks, adapter-only weight sync to the rollout workers."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from embodied import checkpoint
-from tests.test_pipeline import embodied, scalars
+from policies.openvla_oft.tiny import norm_stats, tiny_config, write_tiny_checkpoint
+from tests.runs import embodied
+from tests.test_pipeline import scalars
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 
 @pytest.fixture(scope="module")
 def tiny_vla(tmp_path_factory):
-    path = tmp_path_factory.mktemp("vla") / "tiny-openvla-oft"
-    subprocess.run([sys.executable, "-m", "policies.openvla_oft.tiny", str(path), "--image-size", "56"],
-                   check=True, capture_output=True, timeout=300)
-    return path
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("vla") / "tiny-openvla-oft")
 
 
 def vla_args(out, model_path, name):
@@ -43,7 +40,7 @@ def lora_weights(step_dir):
 
 def test_ppo_lora_trains_and_the_rollout_acts_with_the_new_adapter(tmp_path, tiny_vla):
     result, _ = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", "runner.max_epochs=2",
-                                   *vla_args(tmp_path, tiny_vla, "ppo")], timeout=900)
+                                   *vla_args(tmp_path, tiny_vla, "ppo")])
     assert result["env_steps"] == 2 * 4 * 16
     log = tmp_path / "ppo"
     assert all(math.isfinite(v) for v in scalars(log, "actor/total_loss").values())
@@ -62,15 +59,14 @@ def test_ppo_lora_trains_and_the_rollout_acts_with_the_new_adapter(tmp_path, tin
 
     # embodied-eval on that run's checkpoint (the rollout workers load the adapter and head)
     result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
-                                     *vla_args(tmp_path, tiny_vla, "ppo_eval"), f"runner.ckpt_path={log / 'checkpoints'}"],
-                            timeout=600)
+                                     *vla_args(tmp_path, tiny_vla, "ppo_eval"), f"runner.ckpt_path={log / 'checkpoints'}"])
     assert result["episodes"] == 4 and 0.0 <= result["eval_success"] <= 1.0
     assert f"eval of {steps[1]}" in done.stdout
 
 
 def test_grpo_lora_step_runs(tmp_path, tiny_vla):
     args = vla_args(tmp_path, tiny_vla, "grpo") + ["runner.max_epochs=1", "algorithm.group_size=2"]
-    result, _ = embodied("train", ["--config-name", "maniskill_grpo_openvla_oft", *args], timeout=900)
+    result, _ = embodied("train", ["--config-name", "maniskill_grpo_openvla_oft", *args])
     assert result["env_steps"] == 4 * 16
     assert math.isfinite(scalars(tmp_path / "grpo", "actor/total_loss")[1])
 
@@ -79,10 +75,8 @@ def test_grpo_lora_step_runs(tmp_path, tiny_vla):
 def tiny_l1(tmp_path_factory):
     """The official OFT layout with the L1-regression head and a proprio projector for the 29
     state dims of PickCube with the wrist camera robot."""
-    path = tmp_path_factory.mktemp("vla_l1") / "tiny-openvla-oft-l1"
-    subprocess.run([sys.executable, "-m", "policies.openvla_oft.tiny", str(path), "--image-size", "56",
-                    "--l1-head", "--proprio-dim", "29"], check=True, capture_output=True, timeout=300)
-    return path
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("vla_l1") / "tiny-openvla-oft-l1",
+                                 config=tiny_config(stats=norm_stats(proprio_dim=29)), proprio_dim=29, l1_head=True)
 
 
 def l1_args(out, model_path, name):
@@ -99,12 +93,12 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
     the run exported as one checkpoint folder, and embodied-eval of that folder from
     actor.model.model_path alone (greedy, per-task success, videos)."""
     args = l1_args(tmp_path, tiny_l1, "l1_ppo")
-    embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", *args, "runner.max_epochs=1"], timeout=900)
+    embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", *args, "runner.max_epochs=1"])
     log = tmp_path / "l1_ppo"
     first = checkpoint.latest(log / "checkpoints")
     assert sorted(p.name for p in (first / "actor").iterdir()) == ["lora_adapter", "optimizer.pt", "rl_heads.safetensors"]
     result, done = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", *args, "runner.max_epochs=2",
-                                      f"runner.resume_dir={first}"], timeout=900)
+                                      f"runner.resume_dir={first}"])
     assert f"resumed from {first} at step 1" in done.stdout and result["env_steps"] == 2 * 4 * 16
     assert all(math.isfinite(v) for v in scalars(log, "actor/total_loss").values())
     second = checkpoint.latest(log / "checkpoints")
@@ -115,15 +109,14 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
 
     exported = tmp_path / "exported"
     out, _ = embodied("export", ["--config-name", "maniskill_ppo_openvla_oft", *l1_args(tmp_path, tiny_l1, "x"),
-                                 f"runner.ckpt_path={second}", "--out", str(exported)], timeout=600)
+                                 f"runner.ckpt_path={second}", "--out", str(exported)])
     assert out == {"exported": str(exported), "from": str(second)}
     assert (exported / "action_head--checkpoint.pt").exists() and not (exported / "lora_adapter").exists()
 
     videos = tmp_path / "videos"
     result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
                                      *l1_args(tmp_path, exported, "exported_eval"), "actor.model.is_lora=false",
-                                     "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"],
-                            timeout=600)
+                                     "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
     assert f"eval of {exported}" in done.stdout
     assert sorted(p.name for p in videos.iterdir()) == ["eval_rank0_stage0_0000.mp4", "eval_rank1_stage0_0000.mp4"]
@@ -135,12 +128,12 @@ def test_a_full_fine_tune_resumes_though_some_parameters_never_had_a_gradient(tm
     the checkpoint as in the run. A resumed run continues the first one's steps (a soak's restart
     failed here: 'Missing optimizer state for parameter ...')."""
     args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full"), "actor.model.is_lora=false"]
-    embodied("train", [*args, "runner.max_epochs=1"], timeout=900)
+    embodied("train", [*args, "runner.max_epochs=1"])
     first = checkpoint.latest(tmp_path / "full" / "checkpoints")
     optim = torch.load(first / "actor" / "optimizer.pt", weights_only=False)
     with_state = set(optim["state"])
     assert any(name.endswith("norm1.weight") for name in with_state)
     assert any("featurizer.blocks" in name and name not in with_state for name in optim["param_groups"][0]["params"])
-    result, done = embodied("train", [*args, "runner.max_epochs=2", f"runner.resume_dir={first}"], timeout=900)
+    result, done = embodied("train", [*args, "runner.max_epochs=2", f"runner.resume_dir={first}"])
     assert f"resumed from {first} at step 1" in done.stdout and result["env_steps"] == 2 * 4 * 16
     assert checkpoint.latest(tmp_path / "full" / "checkpoints").name == "global_step_2"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from embodied import report
-from test_pipeline import TASK, embodied, tiny
+from tests.runs import embodied
+from tests.test_pipeline import TASK, tiny
 
 
 def mp4(path: Path, frames: int = 5) -> Path:
@@ -46,6 +47,7 @@ def test_failures_come_first_and_large_sets_are_linked(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_eval_report_opens_and_plays_in_a_headless_browser(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options

@@ -214,11 +214,13 @@ def held_out_nll(policy, cfg) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_from_it(tmp_path):
     """The shortened benchmarks/vla_learning.py: a tiny OpenVLA-OFT cloned from the scripted
     pusher's 64 px demos through embodied-train, then PPO from its checkpoint."""
     from benchmarks.vla_learning import CONTROL, record_demos
-    from test_pipeline import embodied, scalars
+    from tests.runs import embodied
+    from tests.test_pipeline import scalars
 
     from embodied import checkpoint
     from policies.openvla_oft.policy import OpenVLAOFTPolicy
