@@ -213,7 +213,7 @@ def test_an_engine_that_cannot_start_names_the_key(tiny_math, tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_the_engine_runs_inside_a_ray_actor_with_one_cpu(hf, tiny_math):
+def test_the_engine_runs_inside_a_ray_actor_with_one_cpu(hf, tiny_math, ray_session):
     """The rollout worker is a Ray actor: Ray gives it ``OMP_NUM_THREADS=1``; the engine computes
     on ``cpu_threads`` threads in the actor's own process and leaves ``torch.set_num_threads`` working."""
     import ray
@@ -230,11 +230,11 @@ def test_the_engine_runs_inside_a_ray_actor_with_one_cpu(hf, tiny_math):
             return self.policy.act(obs, do_sample=False).actions, torch.get_num_threads()
 
     obs = _obs(tiny_math)
-    ray.init(num_cpus=2, include_dashboard=False)
+    rollout = Rollout.remote(_cfg(tiny_math["model"], temperature=0.7))
     try:
-        actions, threads = ray.get(Rollout.remote(_cfg(tiny_math["model"], temperature=0.7)).greedy.remote(obs))
+        actions, threads = ray.get(rollout.greedy.remote(obs))
     finally:
-        ray.shutdown()
+        ray.kill(rollout)
     assert torch.equal(actions, hf.act(obs, do_sample=False).actions) and threads == 1
 
 def test_groups_of_identical_prompts_become_one_request_each():
