@@ -376,9 +376,9 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
             "runner.val_check_interval=-1"]
     embodied("train", args)
     videos = tmp_path / "videos"
-    result, _ = embodied("eval", [*args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
-                                  "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
-                                  f"env.eval.video_cfg.video_base_dir={videos}"])
+    result, done = embodied("eval", [*args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
+                                     "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
+                                     f"env.eval.video_cfg.video_base_dir={videos}"])
     soup, ketchup = (t.replace(" ", "_") for t in (SOUP, KETCHUP))
     assert result["episodes"] == 6 and result["reset_states_shared_with_train"] == 0
     assert {t: v["episodes"] for t, v in result["tasks"].items()} == {soup: 3, ketchup: 3}

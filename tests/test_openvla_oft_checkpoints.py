@@ -399,9 +399,6 @@ def test_7b_config_matches_the_public_names_and_shapes_with_the_l1_head():
 
 @pytest.mark.slow
 def test_eval_config_for_the_l1_head_and_exit_code_2(plain_ckpt, tmp_path):
-    import subprocess
-    import sys
-
     # the proprio projector takes the 29 state dimensions of PickCube with the wrist camera robot
     l1_ckpt = write_tiny_checkpoint(tmp_path / "l1_29", config=tiny_config(stats=norm_stats(proprio_dim=29)),
                                     proprio_dim=29, l1_head=True)
