@@ -145,7 +145,7 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
     (``data.demo_paths`` of an SFT run, whose other ``data`` keys are the text env's)."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
     out |= backends.unread_keys(cfg)
-    splits = [split for split in schema.ENV_SPLITS if cfg.env[split] and cfg.env[split].env_type in ENVS]
+    splits = [split for split in schema.ENV_SPLITS if cfg.env[split] and cfg.env[split].get("env_type") in ENVS]
     used = {key for split in splits for key in ENVS.reads(cfg.env[split].env_type)}
     for name in ENVS.names():
         for key, what in ENVS.reads(name).items():

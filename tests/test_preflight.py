@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 from omegaconf import OmegaConf
 
 from embodied import checkpoint, cli
@@ -95,23 +94,37 @@ def old_full_run(tmp_path_factory, full_run) -> Path:
     return without_config(full_run, tmp_path_factory.mktemp("old_full") / "checkpoints")
 
 
-def run(command: str, args: list[str], capsys) -> tuple[int, str, str, float]:
-    """``embodied-<command> args`` in this process: exit code, stdout, stderr, seconds."""
+def run(command: str, args: list[str], capsys) -> tuple[int, str, str, float, bool]:
+    """``embodied-<command> args`` in this process: exit code, stdout, stderr, seconds, and
+    whether it built a cluster (joined or started Ray)."""
+    from embodied import cluster
+
+    built = []
+    real = cluster.Cluster.__init__
+
+    def noted(self, *args, **kwargs):
+        built.append(True)
+        real(self, *args, **kwargs)
+
     tic = time.monotonic()
-    with pytest.raises(SystemExit) as done:
-        {"eval": cli.evaluate, "export": cli.export, "train": cli.train}[command](args)
+    cluster.Cluster.__init__ = noted
+    try:
+        with pytest.raises(SystemExit) as done:
+            {"eval": cli.evaluate, "export": cli.export, "train": cli.train}[command](args)
+    finally:
+        cluster.Cluster.__init__ = real
     out, err = capsys.readouterr()
-    return done.value.code, out, err, time.monotonic() - tic
+    return done.value.code, out, err, time.monotonic() - tic, bool(built)
 
 
 def refused(command: str, args: list[str], capsys, *named: str) -> str:
     """The command exits 2 within seconds, before any worker, with one line naming ``named``."""
-    code, _, err, seconds = run(command, args, capsys)
+    code, _, err, seconds, started = run(command, args, capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith(f"embodied-{command}: config error: "), err
     for text in named:
         assert text in err, f"{text!r} not in {err}"
-    assert seconds < SECONDS and not ray.is_initialized()
+    assert seconds < SECONDS and not started
     return err
 
 
@@ -127,7 +140,7 @@ def test_every_checkpoint_stores_its_resolved_config(lora_run):
 def test_eval_takes_the_model_settings_from_the_checkpoint(lora_run, tiny, capsys):
     """The eval config of released checkpoints (L1 head, proprio, two images, no LoRA) on a LoRA
     PPO run: only the checkpoint path is given, the rest comes from the checkpoint."""
-    code, out, err, _ = run("eval", ["--config-name", EVAL, f"runner.ckpt_path={lora_run}", "--dry-run"], capsys)
+    code, out, err, _, _ = run("eval", ["--config-name", EVAL, f"runner.ckpt_path={lora_run}", "--dry-run"], capsys)
     assert code == 0, err
     assert f"model settings from {checkpoint.latest(lora_run) / 'config.yaml'}" in out
     cfg, notes = cli.prepare(EVAL, ["runner.only_eval=true", f"runner.ckpt_path={lora_run}"])
@@ -140,13 +153,13 @@ def test_eval_takes_the_model_settings_from_the_checkpoint(lora_run, tiny, capsy
 
 
 def test_without_config_name_the_checkpoint_config_is_the_config(lora_run, tiny, capsys):
-    code, out, err, _ = run("eval", [f"runner.ckpt_path={lora_run}", "--dry-run"], capsys)
+    code, out, err, _, _ = run("eval", [f"runner.ckpt_path={lora_run}", "--dry-run"], capsys)
     assert code == 0, err
     assert f"model: openvla_oft from {tiny}, LoRA rank 32" in out and "experiment: maniskill_ppo_openvla_oft" in out
 
 
 def test_export_needs_only_the_checkpoint(lora_run, tmp_path, capsys):
-    code, out, err, _ = run("export", [f"runner.ckpt_path={lora_run}", "--out", str(tmp_path / "exported")], capsys)
+    code, out, err, _, _ = run("export", [f"runner.ckpt_path={lora_run}", "--out", str(tmp_path / "exported")], capsys)
     assert code == 0, err
     exported = sorted(p.name for p in (tmp_path / "exported").iterdir())
     assert "rl_heads.safetensors" in exported and "lora_adapter" not in exported  # merged, value head kept
@@ -175,7 +188,7 @@ def test_the_prompt_length_is_the_checkpoints_unless_the_command_line_sets_it(lo
 
 def test_a_checkpoint_without_a_config_is_read_as_before(old_lora_run, tiny, capsys):
     args = [f"actor.model.model_path={tiny}", "actor.model.unnorm_key=tiny_dataset", f"runner.ckpt_path={old_lora_run}"]
-    code, out, err, _ = run("eval", ["--config-name", PPO, *args, "--dry-run"], capsys)
+    code, out, err, _, _ = run("eval", ["--config-name", PPO, *args, "--dry-run"], capsys)
     assert code == 0 and "model settings from" not in out, err
 
 
@@ -257,7 +270,7 @@ def test_libero_wrist_camera_fix(tmp_path, tiny_l1, monkeypatch, capsys):
 # ---------------------------------------------------------------- eval reads only env.eval
 def test_eval_checks_only_the_eval_env(tiny_l1, capsys):
     broken_train = ["env.train.total_num_envs=3", "env.train.init_params.id=NoSuchTask-v1"]
-    code, _, err, _ = run("eval", ["--config-name", EVAL, *model_args(tiny_l1, "actor.model.normalize_gripper=true"),
+    code, _, err, _, _ = run("eval", ["--config-name", EVAL, *model_args(tiny_l1, "actor.model.normalize_gripper=true"),
                                    *broken_train, "--dry-run"], capsys)
     assert code == 0, err
     refused("train", ["--config-name", EVAL, *model_args(tiny_l1, "actor.model.normalize_gripper=true"),
