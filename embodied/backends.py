@@ -42,11 +42,6 @@ from policies.megatron import READ as MEGATRON_READS
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.training_backend", "rollout.backend")
-# The reference's generation-engine options (rollout.<key>): read by an engine that has them,
-# refused by the others and without one
-ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "distributed_executor_backend", "disable_log_stats",
-               "attention_backend", "tensor_parallel_size", "pipeline_parallel_size", "sglang_decode_log_interval",
-               "max_running_requests", "cuda_graph_max_bs", "use_torch_compile", "torch_compile_max_bs")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 OPTIMIZER_FILE = "optimizer.pt"
@@ -159,11 +154,19 @@ def check_rollout(cfg: Any) -> None:
         raise ConfigError(f"rollout.backend = {backend!r}: not supported here, because {why}")
 
 
+def engine_keys() -> list[str]:
+    """The reference's generation-engine options (``rollout.<key>``): those some model's engine
+    reads (its ``rollout_keys``); the other engines refuse them with their reasons."""
+    engines = [load(target) for name in POLICIES.names() for target in POLICIES.declared(name)["rollout"].values()]
+    return sorted({key for engine in engines for key in engine.rollout_keys})
+
+
 def rollout_unread_keys(cfg: Any) -> dict[str, str]:
     """The engine keys this config's rollout backend does not read, with why."""
     backend = cfg.rollout.backend
     if backend == "huggingface":
-        return {f"rollout.{key}": "rollout.backend is huggingface (a generation-engine option)" for key in ENGINE_KEYS}
+        return dict.fromkeys((f"rollout.{key}" for key in engine_keys()),
+                             "rollout.backend is huggingface (a generation-engine option)")
     engines = POLICIES.declared(cfg.actor.model.model_type)["rollout"]
     if backend not in engines:  # no such engine for this model: check_rollout says so
         return {}
