@@ -145,17 +145,17 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
     (``data.demo_paths`` of an SFT run, whose other ``data`` keys are the text env's)."""
     out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
     out |= backends.unread_keys(cfg)
-    splits = [split for split in schema.ENV_SPLITS if cfg.env[split] and cfg.env[split].get("env_type") in ENVS]
-    used = {key for split in splits for key in ENVS.reads(cfg.env[split].env_type)}
-    for name in ENVS.names():
+    types = {split: cfg.env[split].get("env_type") for split in schema.ENV_SPLITS if cfg.env[split]}
+    types = {split: name for split, name in types.items() if name in ENVS}
+    for split, name in types.items():  # a key of a split's own env: what the others read
+        for key, why in ENVS.unread(name).items():
+            if key.startswith("env.*."):
+                out[key.replace("*", split, 1)] = why.replace("env.*.", f"env.{split}.", 1)
+    used = {key for name in types.values() for key in ENVS.reads(name)}
+    for name in ENVS.names():  # a key outside env.*: unread when no split's env reads it
         for key, what in ENVS.reads(name).items():
-            readers = " or ".join(n for n in ENVS.names() if key in ENVS.reads(n))
-            if key.startswith("env.*."):  # a key of each split's own env
-                for split in splits:
-                    if key not in ENVS.reads(cfg.env[split].env_type):
-                        out[key.replace("*", split, 1)] = f"env.{split}.env_type {cfg.env[split].env_type} " \
-                                                          f"does not read it ({readers} does: {what})"
-            elif key not in used:
+            if not key.startswith("env.*.") and key not in used:
+                readers = " or ".join(n for n in ENVS.names() if key in ENVS.reads(n))
                 out[key] = f"only {readers} envs (env_type {readers}) read {what}"
     unread, read = _choices(cfg)
     out |= unread

@@ -145,7 +145,7 @@ def _pass_k(cfg: DictConfig) -> None:
     if k == 1:
         return
     env = cfg.env.eval_pass_k
-    prompted = [name for name in ENVS.names() if "data" in ENVS.declared(name)["reads"]]
+    prompted = [name for name in ENVS.names() if "data" in ENVS.reads(name)]
     if not env or env.env_type not in prompted:
         raise ConfigError(f"data.val_pass_k = {k}: not supported here, because pass@k needs an env split "
                           f"env.eval_pass_k of env_type {' or '.join(prompted)} (e.g. "
@@ -201,7 +201,7 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
     if cfg.runner.only_eval:
         return
     train = cfg.env.train
-    if "data" in ENVS.declared(train.env_type)["reads"]:  # prompts per step x responses per prompt
+    if "data" in ENVS.reads(train.env_type):  # prompts per step x responses per prompt
         if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
             _fail("env.train.total_num_envs", train.total_num_envs,
                   f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")

@@ -21,7 +21,7 @@ from core.registry import Registry, load
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
-ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", reads={})
+ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied")
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
          reads={"env.*.task_suite_name": "the LIBERO suite"})
 ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe")

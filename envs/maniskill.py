@@ -7,9 +7,10 @@ what ``rgb`` gives plus ``privileged_states``, the full state vector ``state`` g
 state policy can drive an env that records what a VLA sees, see embodied/record.py), the
 ``control_mode``, the camera size, ``sim_backend``, the simulation and control frequencies
 (``sim_freq`` / ``control_freq``: null keeps the task's own) and the cameras' ``shader_pack``
-(null: ManiSkill's ``minimal``; it shades every camera rendered, observations and video). With ``video_cfg.save_video`` on and
-``obs_mode: state`` the scene is also rendered (``render_mode="rgb_array"``, at the camera size)
-for the video recorder; otherwise nothing is rendered.
+(null: ManiSkill's ``minimal``; it shades every camera rendered, observations and video). With
+``video_cfg.save_video`` on and ``obs_mode: state`` the scene is also rendered
+(``render_mode="rgb_array"``, at the camera size) for the video recorder; otherwise nothing is
+rendered.
 
 Rendering is most of a step's cost on a CPU (lavapipe), so only what the policy reads is
 rendered: the cameras named ``main_camera`` and ``wrist_camera`` (ManiSkill renders every

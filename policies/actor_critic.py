@@ -86,7 +86,8 @@ class SmallActorCritic(Policy):
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
-        # no temperature: the heads sample no token logits. no_grad rather than inference_mode: forward_inputs are reused in training's autograd
+        # no temperature: the heads sample no token logits (temperature_eval is refused for them);
+        # no_grad rather than inference_mode: forward_inputs are reused in training's autograd
         inputs = self.preprocess(obs)
         dist, values = self.distribution_and_values(inputs)
         actions = self.action_head.sample(dist, do_sample)

@@ -86,9 +86,11 @@ class RolloutWorker(Worker):
         spent waiting for observations and the rest (inference, bookkeeping)."""
         torch.manual_seed(seed * 1009 + self.rank)
         train = split == "train"
-        # evaluation is greedy unless temperature_eval > 0; eval_pass_k samples as training does
-        temperature = self.cfg.algorithm.sampling_params.temperature_eval if split == "eval" else None
-        do_sample = bool(temperature) if split == "eval" else self.cfg.actor.model.do_sample
+        if split == "eval":  # greedy unless temperature_eval > 0
+            temperature = self.cfg.algorithm.sampling_params.temperature_eval or None
+            do_sample = temperature is not None
+        else:  # training, and eval_pass_k, sample as training does
+            temperature, do_sample = None, self.cfg.actor.model.do_sample
         records = {stream: defaultdict(list) for stream in self.streams}
         start, waited = time.monotonic(), 0.0
         for t in range(num_chunk_steps + 1):
@@ -103,7 +105,7 @@ class RolloutWorker(Worker):
                     if train and self.policy.has_value_head:
                         record["values"].append(self.policy.values(message["obs"]))
                     continue
-                out = self.policy.act(message["obs"], do_sample=do_sample, temperature=temperature or None)
+                out = self.policy.act(message["obs"], do_sample=do_sample, temperature=temperature)
                 self.channel.put(action_key(self.cfg, split, *stream), out.actions.cpu().numpy())
                 if train and self.probe is None:
                     self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},
