@@ -36,9 +36,12 @@ from embodied import config, schema
 from embodied.refused import refusal
 
 # RLinf's model and env names -> ours (their LLM families all load as Hugging Face causal LMs)
-MODEL_TYPES = {"openvla_oft": "openvla_oft", "qwen2.5": "causal_lm", "qwen3": "causal_lm",
+MODEL_TYPES = {"mlp_policy": "mlp", "openvla_oft": "openvla_oft", "qwen2.5": "causal_lm", "qwen3": "causal_lm",
                "qwen3_moe": "causal_lm"}
 ENV_TYPES = ("maniskill", "libero")
+# RLinf's other spellings of a precision (rlinf/config.py torch_dtype_from_precision) -> ours
+PRECISIONS = {"bf16-mixed": "bf16", 16: "fp16", "16": "fp16", "16-mixed": "fp16", 32: "fp32", "32": "fp32",
+              "32-true": "fp32"}
 SPLITS = ("train", "eval")
 NATIVE_NAME = "native"  # the translated experiment's file name in its temporary folder
 
@@ -244,6 +247,35 @@ def _control_mode(value: Any, their: Their, rest: str) -> dict[str, Any]:
     return {their.key: value}
 
 
+def _one_actor_rank(their: Their) -> bool:
+    for key, value in their.leaves.items():
+        if key.startswith("cluster.component_placement.") and "actor" in key.split(".")[2].split(","):
+            return str(value).strip().isdigit()
+    return False
+
+
+def _sharding(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    return {} if value == "no_shard" and _one_actor_rank(their) else {their.key: value}
+
+
+def _precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    value = PRECISIONS.get(value, value)
+    if their.model_type != "mlp_policy":
+        return {their.key: value}
+    if value != "fp32":
+        raise Untranslatable("the MLP here computes in fp32")
+    return {}
+
+
+def _mlp_from_scratch(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    if their.model_type != "mlp_policy":
+        return {their.key: value}
+    if value not in (None, ""):
+        raise Untranslatable("the MLP here starts from scratch; its weights come from a checkpoint of a run "
+                             "(runner.resume_dir, or runner.ckpt_path to evaluate)")
+    return {}
+
+
 def _same_as_actor(name: str) -> Callable[[Any, Their, str], dict[str, Any]]:
     """``rollout.model.<name>``: null here means "the actor's", which is what RLinf's embodied
     and math configs set it to."""
@@ -433,6 +465,9 @@ RLINF_KEYS: dict[str, Rule] = {
     "rollout.sglang.decode_log_interval": Rename("rollout.sglang_decode_log_interval"),
     "rollout.sglang.use_torch_compile": Rename("rollout.use_torch_compile"),
     "rollout.sglang.torch_compile_max_bs": Rename("rollout.torch_compile_max_bs"),
+    **{f"rollout.{key}": Implied(_always, "a speed option of RLinf's rollout (torch.compile, CUDA graphs): "
+                                 "the rollout here runs the policy eagerly, computing the same actions")
+       for key in ("enable_torch_compile", "enable_cuda_graph")},
     "rollout.vllm": Implied(_always, "vLLM's performance options (kernels, prefix caching, chunked "
                             "prefill, scheduling): they do not change what it generates"),
     # actor
@@ -440,15 +475,19 @@ RLINF_KEYS: dict[str, Rule] = {
     "actor.fsdp_config.amp.precision": Rename("actor.fsdp_config.amp_autocast.precision"),
     "actor.fsdp_config.amp.use_grad_scaler": Rename("actor.fsdp_config.grad_scaler.enabled"),
     "actor.fsdp_config.gradient_checkpointing": Rename("actor.model.gradient_checkpointing"),
+    "actor.fsdp_config.sharding_strategy": Convert("actor.fsdp_config.sharding_strategy", "no_shard on one actor "
+                                                   "rank -> dropped (one rank has nothing to shard)", _sharding),
     "actor.fsdp_config.strategy": Rename("actor.fsdp_config.strategy", {"fsdp": "fsdp2"}),
     **{f"actor.fsdp_config.{key}": Convert(f"actor.fsdp_config.{key}", "dropped with strategy fsdp (an FSDP1 "
                                            "tuning option; FSDP2 prefetches by itself)", _fsdp1_only)
        for key in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "use_orig_params",
                    "enable_gradient_accumulation")},
     "actor.fsdp_config.mixed_precision.param_dtype": Rename("actor.fsdp_config.mixed_precision.param_dtype",
-                                                            {None: "fp32"}),
+                                                            {None: "fp32", **PRECISIONS}),
     "actor.fsdp_config.mixed_precision.reduce_dtype": Rename("actor.fsdp_config.mixed_precision.reduce_dtype",
-                                                             {None: "fp32"}),
+                                                             {None: "fp32", **PRECISIONS}),
+    "actor.model.precision": Convert("actor.model.precision", "mlp_policy: fp32 -> dropped (the MLP computes "
+                                     "in fp32)", _precision),
     "actor.fsdp_config.mixed_precision.buffer_dtype": Convert(
         "actor.fsdp_config.mixed_precision.buffer_dtype", "null or actor.model.precision -> the default "
         "(FSDP2 keeps buffers in the model's dtype)", _buffer_dtype),
@@ -465,6 +504,13 @@ RLINF_KEYS: dict[str, Rule] = {
                                        "the Megatron profiler is not wired in here"),
     **{key: Convert(key, "dropped with training_backend fsdp (RLinf's FSDP actor ignores it)", _megatron_only)
        for key in FSDP_MEGATRON_KEYS},
+    "actor.model.obs_dim": Rename("actor.model.state_dim"),
+    "actor.model.model_path": Convert("actor.model.model_path", "mlp_policy: empty -> dropped (the MLP starts from "
+                                      "scratch, as RLinf's does)", _mlp_from_scratch),
+    "actor.model.lora_rank": Convert("actor.model.lora_rank", "dropped without actor.model.is_lora",
+                                     lambda v, their, rest: {their.key: v} if their.get("actor.model.is_lora") else {}),
+    "actor.model.hidden_dim": Implied(_always, "RLinf's mlp_policy ignores it (three tanh layers of 256); here "
+                                      "actor.model.hidden_dims, by default the same three"),
     "actor.model.model_type": Convert("actor.model.model_type", f"{MODEL_TYPES}", _model_type),
     "actor.model.implement_version": Convert("actor.model.action_head, actor.model.action_stop_token",
                                              "rlinf -> discrete, false; official -> l1_regression, true",

@@ -30,6 +30,8 @@ def vla_args(out, model_path, name):
         "env.train.init_params.camera_heights=64", "env.train.init_params.camera_widths=64",
         "env.eval.init_params.camera_heights=64", "env.eval.init_params.camera_widths=64",
         "actor.global_batch_size=8", "actor.micro_batch_size=4",  # one minibatch: 4 envs x 2 chunks
+        # one simulator process per env rank (the default, one per core, starts 4 on 2 cores)
+        "env.train.num_processes=1", "env.eval.num_processes=1",
     ]
 
 

@@ -594,6 +594,132 @@ critic:
   use_critic_model: false
 """
 
+MLP_POLICY = """model_type: "mlp_policy"
+model_path: ""
+policy_setup: "panda-qpos"
+obs_dim: 42
+action_dim: 8
+num_action_chunks: 1
+hidden_dim: 256
+precision: "32"
+add_value_head: True
+is_lora: False
+lora_rank: 32
+"""
+
+PICK_CUBE = """env_type: maniskill
+total_num_envs: null
+wrap_obs_mode: simple
+use_full_state: False
+auto_reset: False
+ignore_terminations: False
+use_rel_reward: False
+reward_mode: raw
+seed: 0
+group_size: 1
+use_fixed_reset_state_ids: False
+max_episode_steps: 50
+video_cfg:
+  save_video: False
+  info_on_video: True
+  video_base_dir: ${runner.logger.log_path}/video/train
+init_params:
+  id: "PickCube-v1"
+  num_envs: null
+  obs_mode: "state"
+  control_mode: "pd_joint_delta_pos"
+  sim_backend: "cpu"
+  sim_config:
+    sim_freq: 100
+    control_freq: 20
+  max_episode_steps: ${env.train.max_episode_steps}
+  sensor_configs:
+    shader_pack: "default"
+"""
+
+MLP_PPO = HEADER.format(groups="""  - env/maniskill_pick_cube@env.train
+  - env/maniskill_pick_cube@env.eval
+  - model/mlp_policy@actor.model
+  - hybrid_engines/fsdp@actor.fsdp_config
+""") + """
+cluster:
+  num_nodes: 1
+  component_placement:
+    env,rollout,actor: 0
+
+runner:
+  task_type: embodied
+  logger:
+    log_path: "{out}"
+    project_name: rlinf
+    experiment_name: "maniskill_ppo_mlp"
+    logger_backends: ["tensorboard"]
+  max_epochs: 1000
+  max_steps: -1
+  only_eval: False
+  val_check_interval: 50
+  save_interval: -1
+
+algorithm:
+  update_epoch: 8
+  normalize_advantages: True
+  group_size: 1
+  reward_type: action_level
+  logprob_type: action_level
+  entropy_type: action_level
+  adv_type: gae
+  loss_type: actor_critic
+  loss_agg_func: "token-mean"
+  clip_ratio_high: 0.2
+  clip_ratio_low: 0.2
+  value_clip: 0.2
+  huber_delta: 10.0
+  gamma: 0.8
+  gae_lambda: 0.9
+
+env:
+  group_name: "EnvGroup"
+  train:
+    total_num_envs: 64
+    auto_reset: True
+    max_episode_steps: 50
+  eval:
+    total_num_envs: 32
+    auto_reset: True
+    ignore_terminations: True
+    max_episode_steps: 50
+
+rollout:
+  group_name: "RolloutGroup"
+  model:
+    model_path: ""
+    precision: ${actor.model.precision}
+  enable_torch_compile: True
+  enable_cuda_graph: True
+
+actor:
+  group_name: "ActorGroup"
+  training_backend: "fsdp"
+  micro_batch_size: 3200
+  global_batch_size: 3200
+  seed: 1234
+  enable_offload: False
+  model:
+    model_path: ""
+    model_type: "mlp_policy"
+  optim:
+    lr: 3.0e-4
+    value_lr: 3.0e-4
+    clip_grad: 0.5
+  fsdp_config:
+    strategy: "fsdp"
+    sharding_strategy: "no_shard"
+    mixed_precision:
+      param_dtype: ${actor.model.precision}
+      reduce_dtype: ${actor.model.precision}
+      buffer_dtype: ${actor.model.precision}
+"""
+
 MATH_FSDP = {  # v0.1 writes fsdp_config (with amp.*) in the file; current files take a group
     "v0.1": ("", "  fsdp_config:\n" + "".join(f"    {line}\n" for line in FSDP_V01.replace(
         'enabled: False\n  precision: "bf16"', 'enabled: True\n  precision: "bf16"').splitlines())),
@@ -629,6 +755,17 @@ def libero_current(tmp_path, monkeypatch) -> Path:
         "hybrid_engines/fsdp.yaml": FSDP_CURRENT,
         "weight_syncer/patch_syncer.yaml": PATCH_SYNCER,
         "libero_10_grpo_openvlaoft.yaml": LIBERO_GRPO_CURRENT.replace("{out}", str(tmp_path / "results")),
+    })
+
+
+@pytest.fixture
+def mlp_ppo(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("EMBODIED_PATH", raising=False)
+    return _write(tmp_path / "embodiment" / "config", {
+        "env/maniskill_pick_cube.yaml": PICK_CUBE,
+        "model/mlp_policy.yaml": MLP_POLICY,
+        "hybrid_engines/fsdp.yaml": FSDP_CURRENT,
+        "maniskill_ppo_mlp.yaml": MLP_PPO.replace("{out}", str(tmp_path / "results")),
     })
 
 
@@ -720,6 +857,51 @@ def test_maniskill_v01_renamed_keys_land_where_they_should(maniskill_v01):
     dropped = ("rollout.model.model_path", "rollout.mode", "actor.model.trust_remote_code", "actor.tokenizer.use_fast",
                "actor.tokenizer.padding_side", "actor.fsdp_config.mixed_precision.buffer_dtype")
     assert not any(key in values for key in dropped)  # same as the actor's / implied here
+
+
+# ------------------------------------------------------------------ current ManiSkill PPO with RLinf's MLP
+def test_mlp_ppo_dry_runs_as_written_and_lands_on_our_mlp(mlp_ppo, capsys):
+    code, out, err = _run(capsys, mlp_ppo, "maniskill_ppo_mlp", "--dry-run")
+    assert code == 0, err
+    assert "maniskill PickCube-v1, 64 envs, 50 steps/episode" in out
+    cfg = rlinf.compose("maniskill_ppo_mlp", [], mlp_ppo)
+    model, fsdp = cfg.actor.model, cfg.actor.fsdp_config
+    assert (model.model_type, model.state_dim, list(model.hidden_dims)) == ("mlp", 42, [256, 256, 256])
+    assert "precision" not in model and "lora_rank" not in model and "model_path" not in model
+    assert (fsdp.mixed_precision.param_dtype, fsdp.mixed_precision.reduce_dtype) == ("fp32", "fp32")  # their "32"
+    assert fsdp.sharding_strategy == "full_shard"  # their no_shard, on the one actor rank
+    assert cfg.algorithm.huber_delta == 10.0 and cfg.algorithm.gamma == 0.8
+    params = cfg.env.train.init_params
+    assert (params.id, params.sim_freq, params.control_freq, params.shader_pack) == ("PickCube-v1", 100, 20, "default")
+
+
+@pytest.mark.parametrize("edit, keys, why", [
+    (("env,rollout,actor: 0", "env,rollout: 0\n    actor: 0-1"), ["actor.fsdp_config.sharding_strategy"],
+     "other strategies than full_shard"),
+    (('precision: "32"', 'precision: "bf16"'), ["actor.model.precision"], "the MLP here computes in fp32"),
+    (('model_path: ""\n    model_type', 'model_path: "/some/mlp.pt"\n    model_type'),
+     ["actor.model.model_path", "rollout.model.model_path"], "the MLP here starts from scratch"),
+])
+def test_mlp_ppo_settings_that_would_change_the_run_are_listed(mlp_ppo, capsys, edit, keys, why):
+    for name in ("maniskill_ppo_mlp.yaml", "model/mlp_policy.yaml"):
+        path = mlp_ppo / name
+        path.write_text(path.read_text().replace(*edit))
+    code, _, err = _run(capsys, mlp_ppo, "maniskill_ppo_mlp", "--dry-run")
+    assert code == 2 and _listed(err) == keys and why in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_mlp_ppo_trains_from_the_rlinf_file(mlp_ppo):
+    from tests.runs import embodied
+
+    result, done = embodied("train", ["--config-path", str(mlp_ppo), "--config-name", "maniskill_ppo_mlp",
+                                      *(f"env.{split}.{key}" for split in ("train", "eval")
+                                        for key in ("total_num_envs=4", "max_episode_steps=10")),
+                                      "actor.micro_batch_size=20", "actor.global_batch_size=40",
+                                      "runner.max_epochs=2", "runner.val_check_interval=2"])
+    assert result["env_steps"] == 2 * 4 * 10 and 0.0 <= result["eval_success"] <= 1.0, result
+    assert "model: mlp" in done.stdout
 
 
 # ------------------------------------------------------------------ current LIBERO GRPO: dry-run

@@ -229,7 +229,7 @@ def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_f
     train = record_demos(tmp_path / "train", 12, first_seed=100_000, num_envs=4)
     held_out = record_demos(tmp_path / "held_out", 4, first_seed=200_000, num_envs=4)
     print(f"recorded in {time.monotonic() - tic:.1f} s")
-    small = [f"env.{split}.total_num_envs=4" for split in ("train", "eval")]
+    small = [f"env.{split}.{key}" for split in ("train", "eval") for key in ("total_num_envs=4", "num_processes=1")]
     common = [f"runner.output_dir={tmp_path}", "actor.model.action_dim=4", *CONTROL, *small]
     result, done = embodied("train", ["--config-name", "maniskill_sft_openvla_oft", *common, f"data.demo_paths=[{train}]",
                                       "runner.max_epochs=150", "runner.val_check_interval=150", "runner.save_interval=150"])
