@@ -59,7 +59,7 @@ def record_demos(out: Path, episodes: int, first_seed: int = FIRST_DEMO_SEED, nu
     from embodied.config import load_env_config
     from embodied.record import record, recording_env
     from envs import make_vector_env
-    from envs.demos import TrajectoryWriter
+    from envs.maniskill_demos import TrajectoryWriter
     from envs.experts import push_cube
     from envs.maniskill import PRIVILEGED_STATES, check_params, make_kwargs
 

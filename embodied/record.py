@@ -1,7 +1,7 @@
 """``python -m embodied.record``: record demonstrations of any policy the framework runs, or of
 a scripted expert (``--expert``, envs/experts.py), to fine-tune a VLA on them: ManiSkill envs in
 ManiSkill's trajectory format, LIBERO envs in LIBERO's demo HDF5 layout (one file per task in the
-folder ``--out``); ``envs/demos.py`` writes both and reads them back.
+folder ``--out``): the format each env declares (``envs/demos.py``), which writes and reads them.
 
     python -m embodied.record --config-name maniskill_ppo_mlp \\
         runner.ckpt_path=results/maniskill_ppo_mlp/checkpoints --out demos/push_cube \\
@@ -39,15 +39,16 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import ConfigError
+from core.errors import ConfigError, EnvSetupError
 from embodied import checkpoint
 from embodied.config import build_policy, compose
-from envs.demos import LiberoDemoWriter, TrajectoryWriter
+from envs.demos import demo_format
 from envs.experts import EXPERTS
 from envs.protocol import PRIVILEGED_STATES, Env, Obs
 from policies.base import Policy
@@ -75,15 +76,10 @@ def recording_env(env_cfg: DictConfig, num_envs: int, expert: bool = False) -> t
     success or the time limit, no video), and whether the policy reads the privileged state
     (an ``expert``, or a config with ``obs_mode: state``, which records in ``rgb+state``)."""
     cfg = OmegaConf.to_container(env_cfg)  # composed configs come resolved
-    if cfg["env_type"] == "libero":
-        reads_state = cfg["init_params"]["privileged_states"] = expert
-    elif cfg["env_type"] == "maniskill":
-        reads_state = expert or cfg["init_params"]["obs_mode"] == "state"
-        if reads_state:
-            cfg["init_params"]["obs_mode"] = "rgb+state"
-    else:
-        raise ConfigError(f"env.env_type={cfg['env_type']!r}: {PROG} records env_type maniskill "
-                          "(ManiSkill's trajectory format) and libero (LIBERO's demo HDF5)")
+    try:
+        reads_state = demo_format(cfg["env_type"]).recording(cfg["init_params"], expert)
+    except EnvSetupError as err:
+        raise ConfigError(f"{PROG}: {err}") from None
     cfg.update(total_num_envs=num_envs, auto_reset=False, ignore_terminations=False,
                use_fixed_reset_state_ids=False, group_size=1, each_reset_state_once=False)
     cfg["video_cfg"]["save_video"] = False
@@ -116,12 +112,11 @@ def expert_actions(name: str, env_cfg: DictConfig) -> Callable[[Obs], np.ndarray
     env_type, expert = EXPERTS[name]
     if env_type != env_cfg.env_type:
         raise ConfigError(f"--expert {name} drives env_type {env_type}; this env is {env_cfg.env_type}")
-    if env_type == "libero":
-        expert = functools.partial(expert, gripper_open_action=env_cfg.init_params.gripper_open_action)
+    expert = functools.partial(expert, **demo_format(env_type).expert_options(env_cfg.init_params))
     return lambda obs: expert(obs[PRIVILEGED_STATES])[:, None]
 
 
-def record(env: Env, act: Callable[[Obs], np.ndarray], writer: TrajectoryWriter, *, episodes: int,
+def record(env: Env, act: Callable[[Obs], np.ndarray], writer: Any, *, episodes: int,
            max_attempts: int, first_reset_state: int = 0, keep_failures: bool = False) -> Recording:
     """Run rounds of one episode per env, from reset states ``first_reset_state + attempt``,
     writing the successful episodes (all with ``keep_failures``) until ``episodes`` are written
@@ -173,7 +168,7 @@ class _Run:
             self.steps[key].append(value)
         self._observe(obs)
 
-    def write(self, writer: TrajectoryWriter, seed: int) -> None:
+    def write(self, writer: Any, seed: int) -> None:
         writer.add({k: np.stack(v) for k, v in self.obs.items()},
                    **{k: np.asarray(v) for k, v in self.steps.items()},
                    seed=seed, task_description=self.task_description)
@@ -227,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from envs import make_vector_env
 
         env = make_vector_env(env_cfg, num_envs=args.num_envs)
-        writer = _writer(args.out, env, env_cfg, f"{PROG}: {source}")
+        writer = demo_format(env_cfg.env_type).writer(args.out, env, env_cfg, f"{PROG}: {source}")
     except (ConfigError, FileNotFoundError) as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
@@ -246,18 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "success_rate": round(result.success_rate, 4), "env_steps": result.env_steps,
                       "wall_s": round(time.monotonic() - tic, 1)}), flush=True)
     return 0 if result.kept >= args.episodes else 1
-
-
-def _writer(out: str, env: Env, env_cfg: DictConfig, source: str) -> TrajectoryWriter | LiberoDemoWriter:
-    """ManiSkill's trajectory file ``<out>.h5`` (+ ``.json``), or LIBERO's demo files in ``<out>/``."""
-    if env_cfg.env_type == "libero":
-        return LiberoDemoWriter(out, env.setup, source_desc=source)
-    from envs.maniskill import check_params, make_kwargs
-
-    p = check_params(env_cfg.init_params)
-    return TrajectoryWriter(out, env_id=p["id"], env_kwargs=make_kwargs(p, 1, env_cfg.max_episode_steps),
-                            max_episode_steps=env_cfg.max_episode_steps, main_camera=p["main_camera"],
-                            wrist_camera=p["wrist_camera"], source_type="policy", source_desc=source)
 
 
 if __name__ == "__main__":

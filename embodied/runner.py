@@ -3,9 +3,9 @@
     sync weights (actor -> rollout) -> roll out (env <-> rollout, pipelined) -> advantages and
     updates (actor) -> log -> maybe checkpoint -> maybe validate
 
-or, for SFT (``algorithm.loss_type: sft``), the actor ranks draw their minibatches from the
-demonstrations they hold and update -> log -> maybe checkpoint -> maybe validate (greedy
-episodes in the simulator, as for RL).
+or, for SFT (``algorithm.loss_type: sft``, ``ImitationRunner``: chosen once, ``runner_for``), the
+trainer ranks draw their minibatches from the demonstrations they hold and update -> log -> maybe
+checkpoint -> maybe validate (greedy episodes in the simulator, as for RL).
 
 Where each piece runs is the workers' business; this file only says what happens in what order.
 A worker process that dies is not the end of a run (``run``): every group is started again and
@@ -43,6 +43,8 @@ from embodied.placement import PlacementPlan
 from embodied.report import write_eval_report
 from embodied.worker import GroupCall, WorkerError, WorkerGroup
 from embodied.workers.actor import ActorWorker
+from embodied.workers.imitation import ImitationWorker
+from embodied.workers.trainer import TrainerWorker
 from embodied.workers.env import EnvWorker
 from embodied.workers.rollout import RolloutWorker, replay_pieces
 
@@ -55,12 +57,11 @@ CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train", "runner.s
 
 
 class Runner:
+    trainer: type[TrainerWorker] = ActorWorker  # the actor group's worker
+
     def __init__(self, cfg: DictConfig, plan: PlacementPlan, cluster: Cluster | None = None):
         """Start the worker groups on ``cluster`` (without one, on a cluster of its own that
         ``close`` shuts down)."""
-        self.imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
-        if self.imitation:  # SFT: every worker builds the model as prepared for the demonstrations
-            cfg = demonstrations.prepare(cfg)
         self.cfg, self.plan = cfg, plan
         self.start = time.monotonic()
         self.owns_cluster = cluster is None
@@ -105,7 +106,7 @@ class Runner:
                                           name=cfg.rollout.group_name, crash_dir=crashes, wait=False,
                                           args=(cfg, self.channel, env_ranks, actor_ranks))
         if not cfg.runner.only_eval:
-            self.actor = WorkerGroup.launch(ActorWorker, self.cluster, plan, "actor", name=cfg.actor.group_name,
+            self.actor = WorkerGroup.launch(self.trainer, self.cluster, plan, "actor", name=cfg.actor.group_name,
                                             args=(cfg, self.channel), crash_dir=crashes, wait=False)
         for group in (self.env, self.rollout, self.actor):
             if group is not None:
@@ -140,13 +141,7 @@ class Runner:
                 if self._save_due():
                     self.save()
                 bar.update(1)
-                if self.imitation:
-                    bar.set_postfix(loss=f"{metrics['actor/imitation_loss']:.3f}",
-                                    success=f"{summary.get('eval_success', float('nan')):.2f}")
-                else:
-                    bar.set_postfix(env_steps=self.env_steps,
-                                    steps_per_s=f"{metrics['time/env_steps_per_s']:.0f}",
-                                    success=f"{metrics.get('train/success_once', float('nan')):.2f}")
+                bar.set_postfix(self._progress(metrics, summary))
         if checkpoint.latest(self.ckpt_root) != self.ckpt_root / f"global_step_{self.step}":
             self.save()  # the final weights are always kept
         return summary | self._totals()
@@ -160,21 +155,12 @@ class Runner:
         minutes = cfg.save_interval_minutes
         return minutes is not None and time.monotonic() - self.last_save >= minutes * 60
 
+    def _progress(self, metrics: dict[str, float], summary: dict[str, Any]) -> dict[str, str | int]:
+        """The progress bar's figures after a step."""
+        return {"env_steps": self.env_steps, "steps_per_s": f"{metrics['time/env_steps_per_s']:.0f}",
+                "success": f"{metrics.get('train/success_once', float('nan')):.2f}"}
+
     def train_step(self) -> dict[str, float]:
-        """One step of the algorithm: RL's rollout and update, or SFT's update on demonstrations."""
-        return self.imitation_step() if self.imitation else self.rl_step()
-
-    def imitation_step(self) -> dict[str, float]:
-        """SFT: no env or rollout worker runs; each actor rank draws its share of the global batch
-        from the demonstrations it holds and takes one optimizer step."""
-        tic = time.monotonic()
-        self._turn(self.actor)
-        metrics = self.actor.execute("imitate", self.step).wait()[0]
-        self.version = self.step
-        metrics["time/update"] = metrics["time/step"] = time.monotonic() - tic
-        return metrics
-
-    def rl_step(self) -> dict[str, float]:
         """Roll out, then update; with ``algorithm.staleness_threshold`` k > 0 the next k rollouts
         are already running (with the weights of k updates ago at most) while the actor updates
         on this one, and the new weights reach the rollout workers after the rollout in flight."""
@@ -480,6 +466,35 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(d[k] for d in dicts if k in d) / sum(1 for d in dicts if k in d) for k in keys}
 
 
+class ImitationRunner(Runner):
+    """SFT (``algorithm.loss_type: sft``): each step the trainer ranks draw their share of the
+    global batch from the demonstrations they hold and take one optimizer step; no rollout runs
+    between validations. Every worker builds the model as prepared for the demonstrations
+    (``demonstrations.prepare``: e.g. OpenVLA-OFT's action statistics)."""
+
+    trainer = ImitationWorker
+
+    def __init__(self, cfg: DictConfig, plan: PlacementPlan, cluster: Cluster | None = None):
+        super().__init__(demonstrations.prepare(cfg), plan, cluster)
+
+    def train_step(self) -> dict[str, float]:
+        tic = time.monotonic()
+        self._turn(self.actor)
+        metrics = self.actor.execute("imitate", self.step).wait()[0]
+        self.version = self.step
+        metrics["time/update"] = metrics["time/step"] = time.monotonic() - tic
+        return metrics
+
+    def _progress(self, metrics: dict[str, float], summary: dict[str, Any]) -> dict[str, str | int]:
+        return {"loss": f"{metrics['actor/imitation_loss']:.3f}",
+                "success": f"{summary.get('eval_success', float('nan')):.2f}"}
+
+
+def runner_for(cfg: DictConfig) -> type[Runner]:
+    """The trainer, chosen once: imitation for an imitation loss, RL otherwise."""
+    return ImitationRunner if POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"] else Runner
+
+
 def run(cfg: DictConfig, plan: PlacementPlan) -> dict[str, Any]:
     """Train (or with ``runner.only_eval`` evaluate) and return the figures of the final JSON line.
     A worker that dies in training (``WorkerError.died``; one that raised is a bug, not a crash)
@@ -490,7 +505,7 @@ def run(cfg: DictConfig, plan: PlacementPlan) -> dict[str, Any]:
     restarts: list[dict[str, Any]] = []
     try:
         while True:
-            runner = Runner(cfg, plan, cluster)
+            runner = runner_for(cfg)(cfg, plan, cluster)
             try:
                 if cfg.runner.only_eval:
                     return runner.evaluate_checkpoint()

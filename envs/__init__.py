@@ -6,7 +6,9 @@ declares what the config layer checks without building it: ``describe``, a ``"mo
 the driver runs before any worker starts (in seconds: it may build one scene, never rendered),
 which checks the env config and returns its ``EnvDescription``; ``task_type``, the
 ``runner.task_type`` it belongs to; ``reads``, the keys only some envs read, with what they are:
-keys outside ``env.*`` that reach it through its group file, and ``env.*.<key>`` of its own split.
+keys outside ``env.*`` that reach it through its group file, and ``env.*.<key>`` of its own split;
+``demos``, its demonstrations' ``DemoFormat`` (``envs/demos.py``), read for SFT and recorded by
+``python -m embodied.record``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from core.registry import Registry, load
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
-ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied")
+ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", demos=None)
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
-         reads={"env.*.task_suite_name": "the LIBERO suite"})
-ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe")
+         reads={"env.*.task_suite_name": "the LIBERO suite"}, demos="envs.libero_demos:FORMAT")
+ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe",
+         demos="envs.maniskill_demos:FORMAT")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
 ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"})
 

@@ -21,7 +21,8 @@ from core.errors import DataError
 from embodied.config import build_policy, compose, load_env_config
 from embodied.record import main, record, recording_env
 from envs import make_vector_env
-from envs.demos import TrajectoryWriter, check_demos, demo_view, read_demos
+from envs.demos import check_demos, demo_view, read_demos
+from envs.maniskill_demos import TrajectoryWriter
 
 PUSH = ["init_params.control_mode=pd_ee_delta_pos", "init_params.camera_heights=48",
         "init_params.camera_widths=64", "max_episode_steps=15"]

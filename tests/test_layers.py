@@ -124,3 +124,29 @@ def test_only_the_backend_registry_imports_the_megatron_package():
     importers = {m for m, targets in graph.items() if not m.startswith("policies.megatron")
                  and any(t.startswith("policies.megatron") for t in targets)}
     assert importers == {"embodied.backends"}
+
+
+def _code_strings(path: Path) -> set[str]:
+    """The string constants of a module, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs}
+
+
+def test_sft_stands_beside_rl_and_the_demo_readers_and_recorder_name_no_env():
+    """The RL actor never touches demonstrations (SFT has its own trainer); the demo reader and
+    the recorder ask the env's declared format (envs/*_demos.py) instead of naming an env."""
+    from envs import ENVS
+
+    graph = import_graph()
+    assert "embodied.demonstrations" not in graph["embodied.workers.actor"]
+    assert "embodied.demonstrations" in graph["embodied.workers.imitation"]
+    env_modules = {f"envs.{name}" for name in ENVS.names()}
+    for module in ("envs.demos", "embodied.record"):
+        assert not {t for t in graph[module] if t.split("_demos")[0] in env_modules}, module
+        strings = _code_strings(ROOT / Path(*module.split(".")).with_suffix(".py"))
+        assert not strings & set(ENVS.names()), (module, strings & set(ENVS.names()))
+    assert {name for name in ENVS.names() if ENVS.declared(name)["demos"]} == {"maniskill", "libero"}

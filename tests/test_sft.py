@@ -18,7 +18,7 @@ from torch.distributions import Normal
 from embodied import cli, demonstrations
 from embodied.algorithms import POLICY_LOSSES, imitation_loss
 from embodied.config import build_policy, compose
-from envs.demos import TrajectoryWriter
+from envs.maniskill_demos import TrajectoryWriter
 
 STATE_DIM, ACTION_DIM = 35, 8  # PushCube-v1's full state, pd_joint_delta_pos
 
