@@ -132,7 +132,7 @@ def build_rollout_policy(cfg: Any, cpu_threads: int | None = None) -> Policy:
         return build_policy(cfg.actor.model)
     from omegaconf import OmegaConf
 
-    from embodied import schema
+    from embodied.config import schema
 
     options = OmegaConf.to_container(cfg.actor.model, resolve=True)
     schema.check(options, "actor.model.", options["model_type"])

@@ -1,5 +1,5 @@
 """``embodied-train``, ``embodied-eval`` and ``embodied-export``: compose the Hydra config (for an
-evaluated or exported checkpoint, with the model settings it carries: embodied/preflight.py),
+evaluated or exported checkpoint, with the model settings it carries: embodied/config/preflight.py),
 validate it before anything starts, print the plan, then run. A config mistake exits with code 2
 and one message."""
 
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from omegaconf import DictConfig
 
 from core.errors import ConfigError
-from embodied import preflight, rlinf
+from embodied.config import preflight, rlinf
 from embodied.config import build_policy, chunk_steps, compose, rollout_window, to_yaml, training_steps
 from embodied.placement import PlacementPlan
-from embodied.validate import validate
+from embodied.config.validate import validate
 
 DEFAULT_CONFIG = "maniskill_ppo_mlp"
 
@@ -42,7 +42,7 @@ def prepare(config_name: str, overrides: Sequence[str] = (), config_dir: str | N
 
 
 def compose_any(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> DictConfig:
-    """Our config, or an RLinf experiment file carried over to our schema (embodied/rlinf.py)."""
+    """Our config, or an RLinf experiment file carried over to our schema (embodied/config/rlinf.py)."""
     if config_dir is not None and rlinf.is_rlinf_config(config_dir, config_name):
         return rlinf.compose(config_name, overrides, config_dir)
     return compose(config_name, overrides, config_dir)

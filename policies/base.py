@@ -134,7 +134,7 @@ class Policy(nn.Module, ABC):
     def checkpoint_settings(cls, cfg: Mapping[str, Any], folder: Path) -> dict[str, Any]:
         """The ``actor.model`` options that the training checkpoint whose ``actor`` folder is
         ``folder`` fixes, from ``cfg``, the options it was trained with: ``embodied-eval`` and
-        ``embodied-export`` take them from it (``embodied/preflight.py``). A LoRA run's adapters
+        ``embodied-export`` take them from it (``embodied/config/preflight.py``). A LoRA run's adapters
         start from its own ``lora_adapter/`` (rank, alpha and target modules as trained), so the
         adapter the run started from need not exist any more."""
         from policies.lora import ADAPTER_CONFIG, ADAPTER_DIR

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from embodied.schema import CONFIG_DIR
+from embodied.config.schema import CONFIG_DIR
 
 # PPO on PushCube, 2 envs, 10-step episodes: about a second per step once started.
 TINY = f"""\

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from embodied import cli
 from conftest import stand_in_assets
 from embodied.config import ConfigError, compose
-from embodied.schema import CONFIG_DIR
+from embodied.config.schema import CONFIG_DIR
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
 

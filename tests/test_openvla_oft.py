@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from embodied.config import build_policy, register_resolvers
-from embodied.schema import CONFIG_DIR, check_schema
+from embodied.config.schema import CONFIG_DIR, check_schema
 from embodied.algorithms import reduce_logprobs
 from policies import POLICIES
 from policies.openvla_oft import OpenVLAOFTPolicy

@@ -1,4 +1,4 @@
-"""RLinf's experiment files come across (embodied/rlinf.py, docs/rlinf.md), and the config
+"""RLinf's experiment files come across (embodied/config/rlinf.py, docs/rlinf.md), and the config
 layer's messages for a misspelled key, a misspelled config name and a defaults list that
 cannot be composed.
 
@@ -16,9 +16,10 @@ import pytest
 from conftest import stand_in_assets
 from omegaconf import OmegaConf
 
-from embodied import cli, rlinf
+from embodied import cli
+from embodied.config import rlinf
 from embodied.config import compose
-from embodied.schema import CONFIG_DIR, leaves
+from embodied.config.schema import CONFIG_DIR, leaves
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
 HEADER = """defaults:

@@ -15,11 +15,11 @@ import torch
 from omegaconf import OmegaConf
 
 from core.registry import load
-from embodied import refused, schema, validate
+from embodied.config import refused, schema, validate
 from embodied.backends import BACKENDS
 from embodied.config import ConfigError, compose
-from embodied.schema import CONFIG_DIR
-from embodied.schema import Rule, RuleError, parse_rule
+from embodied.config.schema import CONFIG_DIR
+from embodied.config.schema import Rule, RuleError, parse_rule
 from policies import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]

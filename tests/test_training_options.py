@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from embodied.cli import load
 from embodied.config import ConfigError, compose
 from embodied.training_options import autocast, build_optimizer, fsdp_options
-from embodied import schema
-from embodied.refused import REFUSED, refusal, refuse_unsupported
+from embodied.config import schema
+from embodied.config.refused import REFUSED, refusal, refuse_unsupported
 from embodied.config import build_policy
 
 

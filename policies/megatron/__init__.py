@@ -16,7 +16,7 @@ tensor-parallel over gloo on CPU or NCCL on GPU. Pinned to ``megatron-core==0.16
 The reference's Megatron keys: ``READ`` says what each key only this backend reads becomes (the
 backend registry's ``reads``, refused under ``fsdp``; keys read "by the actor" are for the actor
 worker to honour, the rest are read here); those no backend can honour are refused in
-``embodied/refused.py`` (``MEGATRON_NEVER``), each with its reason. The keys every backend reads
+``embodied/config/refused.py`` (``MEGATRON_NEVER``), each with its reason. The keys every backend reads
 mean here what they mean with FSDP: ``model_path`` is the HF folder the GPTModel's shapes and
 weights come from, ``precision`` the parameters' dtype (TransformerConfig ``params_dtype``),
 ``temperature`` scales the logits of the log-probs as in ``causal_lm``, ``gradient_checkpointing``

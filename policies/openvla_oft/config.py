@@ -210,7 +210,7 @@ class PolicyOptions:
             return ConfigError(f"actor.model.{key}={getattr(self, key)!r}: expected {expected}")
 
         # the schema's rules (action_head, precision, lora_alpha, ...) are checked by the config
-        # layer (embodied.config.build_policy, embodied.validate); here only the combinations
+        # layer (embodied.config.build_policy, embodied.config.validate); here only the combinations
         if not self.is_lora and self.lora_path:
             raise bad("lora_path", "null when is_lora is false")
         if not self.is_lora and self.lora_target_modules is not None:

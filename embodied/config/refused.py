@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import backends, schema
+from embodied import backends
+from embodied.config import schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from envs import ENVS
 from policies import POLICIES

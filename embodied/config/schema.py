@@ -17,7 +17,7 @@ with a rule constrains its key::
 
 A key whose default is null always accepts null. Rules are read from ``base.yaml`` (keys as
 written), ``env/base.yaml`` (``env.<split>.<key>``) and ``model/base.yaml`` + the model's own
-file (``actor.model.<key>``, the model's file winning). ``embodied.validate`` checks every rule
+file (``actor.model.<key>``, the model's file winning). ``embodied.config.validate`` checks every rule
 before anything starts (``check`` does for a policy's options alone).
 """
 
@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError, expected
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 ENV_SPLITS = ("train", "eval", "eval_pass_k")
 # Nodes whose keys are free: placement lines and simulator construction options, checked by
 # the placement parser and by the env adapters themselves.

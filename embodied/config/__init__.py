@@ -1,6 +1,6 @@
-"""Compose a Hydra config from ``config/``, check it against the schema (``embodied.schema``) and
+"""Compose a Hydra config from ``config/``, check it against the schema (``embodied.config.schema``) and
 resolve it; and build what a config names (a policy, one env group) with the schema's rules
-checked first. Semantic rules (ranges, divisibility, placement) live in ``embodied.validate``.
+checked first. Semantic rules (ranges, divisibility, placement) live in ``embodied.config.validate``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import schema
+from embodied.config import schema
 from policies import POLICIES
 from policies.base import Policy
 

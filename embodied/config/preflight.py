@@ -45,7 +45,7 @@ def run_path_defaults(folder: str) -> list[str]:
     and folder (``${runner.output_dir}/${runner.experiment_name}``, ...), for the config stored in
     ``folder``: it holds them resolved to the training run's folders, which an evaluation named
     otherwise must not write to (and which the refusal of non-default values would take as set)."""
-    from embodied.schema import CONFIG_DIR
+    from embodied.config.schema import CONFIG_DIR
 
     stored = OmegaConf.load(Path(folder) / checkpoint.CONFIG_FILE)
     refs = ("${runner.output_dir}", "${runner.experiment_name}", "${runner.logger.log_path}")

@@ -32,8 +32,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
-from embodied import config, schema
-from embodied.refused import refusal
+from embodied import config
+from embodied.config import schema
+from embodied.config.refused import refusal
 
 # RLinf's model and env names -> ours (their LLM families all load as Hugging Face causal LMs)
 MODEL_TYPES = {"mlp_policy": "mlp", "openvla_oft": "openvla_oft", "qwen2.5": "causal_lm", "qwen3": "causal_lm",
@@ -773,7 +774,7 @@ def translate(leaves: Mapping[str, Any], source: str) -> Translation:
 def _check(translation: Translation, values: Mapping[str, Any], known: Mapping[str, schema.Leaf]) -> None:
     """Our usual checks of the translated values, all at once, added to its problems: each
     key's rule from the schema, composition, and the keys that never work here
-    (``embodied.refused``) set to anything but their default, resolved in the translated config
+    (``embodied.config.refused``) set to anything but their default, resolved in the translated config
     as the refusal resolves it. Keeps the composed config as ``translation.native``."""
     problems = translation.problems
     for key, value in values.items():

@@ -13,11 +13,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import backends, checkpoint, preflight, schema
+from embodied import backends, checkpoint
+from embodied.config import preflight, schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from embodied.config import chunk_steps, rollout_window
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
-from embodied.refused import refuse_unsupported
+from embodied.config.refused import refuse_unsupported
 from envs import ENVS, describe
 from policies import POLICIES
 
@@ -323,7 +324,7 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
 
 
 def _rules(cfg: DictConfig) -> None:
-    """The allowed values declared next to each default in config/ (``embodied.schema``), for
+    """The allowed values declared next to each default in config/ (``embodied.config.schema``), for
     the keys of the splits and model this config has."""
     model_type = OmegaConf.select(cfg, "actor.model.model_type")
     for key, leaf in schema.leaves(model_type).items():
