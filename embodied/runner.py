@@ -37,7 +37,7 @@ from embodied.backends import replicas
 from embodied.channel import Channel
 from embodied.channel.keys import queue_bounds
 from embodied.cluster import Cluster
-from embodied.config import chunk_steps, rollout_window, training_steps
+from embodied.config import chunk_steps, offloaded_parts, rollout_window, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.report import write_eval_report
@@ -252,7 +252,7 @@ class Runner:
             call.wait()
 
     def _offloads(self, group: WorkerGroup | None) -> bool:
-        return group is not None and bool(self.cfg[group.component].enable_offload)
+        return group is not None and bool(offloaded_parts(self.cfg, group.component))
 
     # -------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:

@@ -24,9 +24,10 @@ from core.registry import Registry, load
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
 ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", demos=None)
+ORDER = {"env.*.reset_state_order": "the order of a simulator's reset states"}
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
-         reads={"env.*.task_suite_name": "the LIBERO suite"}, demos="envs.libero_demos:FORMAT")
-ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe",
+         reads={"env.*.task_suite_name": "the LIBERO suite", **ORDER}, demos="envs.libero_demos:FORMAT")
+ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe", reads=ORDER,
          demos="envs.maniskill_demos:FORMAT")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
 ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"})

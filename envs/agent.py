@@ -186,7 +186,7 @@ class AgentEnv:
         unit = options["group_size"] if options["use_fixed_reset_state_ids"] else 1
         self.streams = (seed_offset + np.arange(num_envs)) // unit
         self.states = ResetStates(len(self.rows), int(cfg["total_num_envs"]) // unit, int(options["seed"]),
-                                  shuffle=bool(params["shuffle"]))
+                                  order="shuffled" if params["shuffle"] else "ordered")
         eos = params.get("eos_token_id")
         self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -380,6 +380,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         if bool(cfg.get(key)) != wanted:
             raise EnvSetupError(f"env.*.{key}={cfg.get(key)!r}: the agent env needs {wanted} (one episode per "
                                 "env and rollout, max_episode_steps turns at most)")
+    if cfg.get("reset_state_order", "shuffled") != "shuffled":
+        raise EnvSetupError("env.*.reset_state_order: not supported by the agent env, because its rows' order is "
+                            "init_params.shuffle")
     if cfg["video_cfg"]["save_video"]:
         raise EnvSetupError("env.*.video_cfg.save_video: the agent env has no frames to record")
     if params["drift_check"] not in DRIFT_CHECKS:

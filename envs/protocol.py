@@ -69,22 +69,28 @@ class ResetStates:
     """The reset state of each env's episodes: a pure function of ``(seed, stream, episode)``,
     where the stream is an env's global index (or its group's, when a group shares its states).
 
-    - ``num_states`` None (unbounded, e.g. seeds): drawn at random per stream and episode.
-    - finite: the streams take turns through one sequence of random permutations of the states
-      (``shuffle``; in order without), stream ``s``'s episode ``k`` taking position
+    - ``order`` ``shuffled`` (the default): with ``num_states`` None (unbounded, e.g. seeds) drawn
+      at random per stream and episode; finite, the streams take turns through one sequence of
+      random permutations of the states, stream ``s``'s episode ``k`` taking position
       ``k * num_streams + s``: each block of ``num_states`` positions starts every state once.
+    - ``ordered``: position ``k * num_streams + s`` itself (modulo a finite set's size).
+    - ``random``: drawn at random per stream and episode, finite or not (with replacement).
     - ``each_once`` (the eval protocol): the states are split into contiguous runs over the
       streams, ``rounds`` episodes each, so that episodes ``0 .. rounds - 1`` of all streams
       start every state exactly once; episodes past a stream's run are flagged as extra.
     """
 
-    def __init__(self, num_states: int | None, num_streams: int, seed: int, *, shuffle: bool = True,
+    ORDERS = ("shuffled", "ordered", "random")
+
+    def __init__(self, num_states: int | None, num_streams: int, seed: int, *, order: str = "shuffled",
                  each_once: bool = False):
+        if order not in self.ORDERS:
+            raise ValueError(f"reset state order {order!r}: expected one of {list(self.ORDERS)}")
         self.finite = bool(num_states)
         self.num_states = num_states or 2**31
         self.num_streams = num_streams
         self.seed = seed
-        self.shuffle = shuffle
+        self.order = order
         self.each_once = each_once
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -99,12 +105,12 @@ class ResetStates:
             position = streams * self.rounds + episodes
             return position % n, (episodes >= self.rounds) | (position >= n)
         extra = np.zeros(len(streams), bool)
-        if not self.finite:
+        position = episodes * self.num_streams + streams
+        if self.order == "ordered":
+            return position % n, extra
+        if self.order == "random" or not self.finite:
             return np.array([np.random.default_rng([self.seed, int(s), int(k)]).integers(n)
                              for s, k in zip(streams, episodes)], dtype=np.int64), extra
-        position = episodes * self.num_streams + streams
-        if not self.shuffle:
-            return position % n, extra
         return np.array([self._permutation(int(p) // n)[int(p) % n] for p in position], np.int64), extra
 
     def _permutation(self, epoch: int) -> np.ndarray:

@@ -219,6 +219,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     if cfg.get("num_processes") is not None:
         raise EnvSetupError("num_processes: not supported by the text env, because it runs no "
                             "simulator processes")
+    if cfg.get("reset_state_order", "shuffled") != "shuffled":
+        raise EnvSetupError("reset_state_order: not supported by the text env, because its prompts' order is "
+                            "init_params.shuffle")
     if cfg.get("task_suite_name") is not None:
         raise EnvSetupError("task_suite_name: not supported by the text env, because its prompts come "
                             "from init_params.data_paths")
@@ -254,7 +257,7 @@ class TextEnv:
             raise EnvSetupError("env.*.init_params.pass_at_group needs groups: group_size > 1 with "
                                 "use_fixed_reset_state_ids")
         self.states = ResetStates(len(self.prompts), int(cfg["total_num_envs"]) // unit, int(options["seed"]),
-                                  shuffle=bool(params["shuffle"]))
+                                  order="shuffled" if params["shuffle"] else "ordered")
         eos = params.get("eos_token_id")  # rollout.eos: where the policy stops, where responses end
         self.eos = self.tokenizer.eos_token_id if eos is None else int(eos)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos

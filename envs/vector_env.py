@@ -31,11 +31,13 @@ episode numbers are the only state that decides future reset states: ``next_epis
 and ``set_next_episodes`` hands them to a rebuilt env (after offloading, or a restart from a
 checkpoint), which then resets into exactly the episodes this one would have started.
 
-- An unbounded set of reset states (``num_reset_states`` None, e.g. seeds) is drawn at random.
-- A finite set of ``N`` states is visited evenly: each block of ``N`` episodes of all
-  ``total_num_envs`` streams starts every state once, whatever the number of envs (exactly even
-  whenever all streams have started equally many episodes, as without auto-reset; within a cycle
-  otherwise).
+- ``reset_state_order: shuffled`` (the default): an unbounded set of reset states
+  (``num_reset_states`` None, e.g. seeds) is drawn at random; a finite set of ``N`` states is
+  visited evenly: each block of ``N`` episodes of all ``total_num_envs`` streams starts every
+  state once, in a fresh random order, whatever the number of envs (exactly even whenever all
+  streams have started equally many episodes, as without auto-reset; within a cycle otherwise).
+- ``ordered``: the same blocks in order (seeds 0, 1, 2, ... for an unbounded set); ``random``:
+  each episode's state drawn at random, with replacement (RLinf's training default).
 - ``each_reset_state_once`` (the eval protocol, also for "every held-out prompt once"): the
   envs' episodes ``0 .. rounds - 1`` together start every state exactly once (ordered, so that a
   LIBERO env stays on one task for consecutive episodes). Episodes past a stream's run repeat a
@@ -59,7 +61,8 @@ from envs.protocol import Obs, ResetStates
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.total_num_envs", "env.*.auto_reset", "env.*.ignore_terminations",
                "env.*.use_fixed_reset_state_ids", "env.*.group_size", "env.*.max_episode_steps",
-               "env.*.use_rel_reward", "env.*.reward_coef", "env.*.seed", "env.*.each_reset_state_once")
+               "env.*.use_rel_reward", "env.*.reward_coef", "env.*.seed", "env.*.each_reset_state_once",
+               "env.*.reset_state_order")
 
 class BatchedSim(Protocol):
     """What ``VectorEnv`` needs from a simulator: a fixed batch of envs stepped together."""
@@ -94,6 +97,8 @@ def read_options(env_cfg: Any, num_envs: int, seed_offset: int = 0) -> dict[str,
         raise EnvSetupError(f"env config lacks {missing}; env group files start with "
                             "`defaults: [base, _self_]` to inherit config/env/base.yaml")
     options = {k: env_cfg[k] for k in _OPTIONS}
+    if "reset_state_order" in env_cfg:  # a simulator's (the text envs take init_params.shuffle)
+        options["reset_state_order"] = env_cfg["reset_state_order"]
     check_options(options, num_envs, seed_offset)
     return options
 
@@ -104,6 +109,10 @@ def check_options(options: dict[str, Any], num_envs: int, seed_offset: int) -> N
     if total is not None and not (isinstance(total, int) and total >= seed_offset + num_envs):
         raise EnvSetupError(f"env.total_num_envs={total!r} is smaller than the {seed_offset} + "
                             f"{num_envs} envs built so far")
+    if options.get("each_reset_state_once") and options.get("reset_state_order", "shuffled") != "shuffled":
+        raise EnvSetupError(f"env.reset_state_order={options['reset_state_order']!r} has no effect with "
+                            "env.each_reset_state_once (the eval protocol starts every state once, in its own "
+                            "order): leave it shuffled")
     if options.get("each_reset_state_once") and options.get("auto_reset"):
         raise EnvSetupError("env.each_reset_state_once runs one episode per env and reset(); "
                             "it needs env.auto_reset: false")
@@ -123,13 +132,15 @@ class VectorEnv:
     def __init__(self, sim: BatchedSim, *, auto_reset: bool, ignore_terminations: bool,
                  use_fixed_reset_state_ids: bool, group_size: int, max_episode_steps: int,
                  use_rel_reward: bool, reward_coef: float, seed: int, seed_offset: int = 0,
-                 total_num_envs: int | None = None, each_reset_state_once: bool = False):
+                 total_num_envs: int | None = None, each_reset_state_once: bool = False,
+                 reset_state_order: str = "shuffled"):
         n = sim.num_envs
         try:
             check_options(dict(group_size=group_size, max_episode_steps=max_episode_steps,
                                use_fixed_reset_state_ids=use_fixed_reset_state_ids,
                                total_num_envs=total_num_envs, auto_reset=auto_reset,
-                               each_reset_state_once=each_reset_state_once), n, seed_offset)
+                               each_reset_state_once=each_reset_state_once,
+                               reset_state_order=reset_state_order), n, seed_offset)
             if each_reset_state_once and not sim.num_reset_states:
                 raise EnvSetupError("env.each_reset_state_once needs a finite set of reset "
                                     "states; this env's are unbounded (seeds)")
@@ -150,7 +161,8 @@ class VectorEnv:
         self.seed_offset = int(seed_offset)
         total = total_num_envs or seed_offset + n
         self._states = ResetStates(sim.num_reset_states, total // group_size if self.use_fixed_reset_state_ids
-                                   else total, self.seed, each_once=bool(each_reset_state_once))
+                                   else total, self.seed, order=reset_state_order,
+                                   each_once=bool(each_reset_state_once))
         self._state_ids = np.zeros(n, np.int64)
         self._extra = np.zeros(n, bool)
         self._episode_index = np.full(n, -1, np.int64)

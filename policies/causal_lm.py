@@ -31,20 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.errors import CheckpointError, ConfigError, expected
+from core.errors import CheckpointError, expected
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
+from policies.causal_core import (LORA_KEYS, LORA_TARGETS, MODEL_KEYS, NO_VALUE_HEAD, SAMPLING_KEYS, TOKENIZER_KEYS,
+                                  check_length, model_folder, one_response_per_step, prompt_start, sampling_options,
+                                  special_tokens, token_columns)
 from policies.weights import DTYPES
 
-LORA_TARGETS = r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
-
-
 class CausalLMPolicy(Policy):
-    config_keys = ("model_path", "precision", "attn_implementation", "trust_remote_code", "low_cpu_mem_usage",
-                   "tokenizer_model", "tokenizer_use_fast", "tokenizer_trust_remote_code", "eos_token_id",
-                   "pad_token_id", "max_prompt_length", "is_lora", "lora_rank", "lora_path", "temperature",
-                   "top_k", "top_p", "repetition_penalty", "min_new_tokens")
-    refused_keys = {"add_value_head": "a value head, because causal_lm has none (GRPO needs no critic: "
-                                      "algorithm.adv_type grpo)"}
+    config_keys = (*MODEL_KEYS, *TOKENIZER_KEYS, *LORA_KEYS, *SAMPLING_KEYS, "attn_implementation", "low_cpu_mem_usage")
+    refused_keys = NO_VALUE_HEAD
     checkpoint_keys = ("model_type", "model_path", "tokenizer_model", "is_lora", "lora_rank", "lora_path")
     generates_text = True
 
@@ -54,9 +50,7 @@ class CausalLMPolicy(Policy):
 
     @classmethod
     def check_config(cls, cfg: Mapping[str, Any]) -> None:
-        path = cfg.get("model_path")
-        if path is None or not (Path(path) / "config.json").is_file():
-            raise ConfigError(f"actor.model.model_path = {path!r}: expected a Hugging Face model folder (with config.json)")
+        model_folder(cfg)
 
     @classmethod
     def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
@@ -85,37 +79,23 @@ class CausalLMPolicy(Policy):
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        path = Path(model_option(cfg, "model_path"))
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"actor.model.model_path={str(path)!r} is not a Hugging Face model folder "
-                                    "(no config.json)")
-        if self.num_action_chunks != 1:
-            raise ValueError("actor.model.num_action_chunks must be 1 for causal_lm (one response per step)")
+        path = model_folder(cfg)
+        one_response_per_step(cfg, "causal_lm")
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[cfg["precision"]], attn_implementation=cfg["attn_implementation"],
             trust_remote_code=cfg["trust_remote_code"], low_cpu_mem_usage=cfg["low_cpu_mem_usage"])
-        tokenizer_path = cfg.get("tokenizer_model") or path
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=cfg["tokenizer_use_fast"],
-                                                  trust_remote_code=cfg["tokenizer_trust_remote_code"])
-        self.eos = cfg["eos_token_id"] if cfg.get("eos_token_id") is not None else tokenizer.eos_token_id
-        pad = cfg["pad_token_id"] if cfg.get("pad_token_id") is not None else tokenizer.pad_token_id
-        self.pad = self.eos if pad is None else pad
-        if self.eos is None:
-            raise ValueError(f"the tokenizer in {tokenizer_path} has no EOS token: set rollout.eos")
-        limit = getattr(model.config, "max_position_embeddings", None)
+        self.eos, self.pad = special_tokens(cfg, path)
         self.max_new_tokens = self.action_dim
-        prompt = int(model_option(cfg, "max_prompt_length"))
-        if limit is not None and prompt + self.max_new_tokens > limit:
-            raise ValueError(f"runner.seq_length ({prompt + self.max_new_tokens}) exceeds the "
-                             f"{limit} positions of the model in {path}")
+        check_length(int(model_option(cfg, "max_prompt_length")) + self.max_new_tokens,
+                     getattr(model.config, "max_position_embeddings", None), path)
         if cfg["is_lora"]:
             from policies.lora import apply_lora
 
             model = apply_lora(model, LORA_TARGETS, cfg["lora_rank"], cfg["lora_rank"], cfg.get("lora_path"))
         self.model = model
-        self.sampling = {k: cfg[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "min_new_tokens")}
+        self.sampling = sampling_options(cfg)
         self.temperature = float(cfg["temperature"])
 
     @property
@@ -145,7 +125,7 @@ class CausalLMPolicy(Policy):
 
         ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).to(self.device, copy=True)
         mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).to(self.device, copy=True)
-        start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
+        start = prompt_start(mask)
         s = self.sampling
         temperature = temperature or self.temperature
         vocab = self.model.config.vocab_size
@@ -173,9 +153,7 @@ class CausalLMPolicy(Policy):
         ids, mask = forward_inputs["input_ids"].long(), forward_inputs["attention_mask"].long()
         response_mask = forward_inputs["response_mask"].float()
         tokens = torch.as_tensor(actions, device=ids.device).long().reshape(ids.shape[0], -1)
-        # cut the columns that are padding in every row: left of the prompts, right of the responses
-        start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
-        stop = int((response_mask.sum(0) > 0).nonzero()[-1]) + 1 if response_mask.any() else 1
+        start, stop = token_columns(mask, response_mask)  # the columns that hold a token in some row
         prompt_width = ids.shape[1] - start
         full = torch.cat([ids[:, start:], tokens[:, :stop]], dim=1)
         attention = torch.cat([mask[:, start:], torch.ones_like(tokens[:, :stop])], dim=1)

@@ -241,6 +241,8 @@ def test_config_mistakes_are_named_before_workers_start(tmp_path, tokenizers):
                             ({"data_paths": [str(tmp_path / "missing.jsonl")]}, "does not exist")):
         with pytest.raises(EnvSetupError, match=message):
             describe(agent_cfg(rows, tokenizers["chatml"], **params))
+    with pytest.raises(EnvSetupError, match="reset_state_order: not supported by the agent env"):
+        describe(agent_cfg(rows, tokenizers["chatml"]) | {"reset_state_order": "random"})
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1"}\n')
     with pytest.raises(EnvSetupError, match=r"bad.jsonl:1: no key 'prompt'"):

@@ -160,3 +160,35 @@ def test_sampling_options_are_ours_not_the_checkpoints_generation_config(tiny_ma
         greedy = policy.act(obs, do_sample=False).actions
         torch.manual_seed(5)
         assert not torch.equal(policy.act(obs).actions, greedy), options
+
+
+def test_the_shared_core_finds_the_token_columns_and_checks_what_every_causal_lm_checks(tiny_math, tmp_path):
+    """policies/causal_core.py, which the HF, engine and Megatron policies call: the columns that
+    hold a token in some row (against a loop over rows), the model folder, the length and the
+    EOS / padding ids (padding falls back to EOS where the tokenizer has none)."""
+    from core.errors import ConfigError
+    from policies import causal_core
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        rows, width = 5, 9
+        pad_left = torch.randint(1, width + 1, (rows,), generator=g)
+        mask = (torch.arange(width)[None] >= pad_left[:, None]).long()
+        lengths = torch.randint(0, 6, (rows,), generator=g)
+        response = (torch.arange(6)[None] < lengths[:, None]).float()
+        start, stop = causal_core.token_columns(mask, response)
+        assert start == (int(pad_left.min()) if mask.any() else 0)
+        assert stop == (int(lengths.max()) if lengths.max() > 0 else 1)
+    with pytest.raises(ConfigError, match="actor.model.model_path = .*: expected a Hugging Face model folder"):
+        causal_core.model_folder({"model_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"runner.seq_length \(12\) \+ 1 exceeds the 12 positions .* \(why\)"):
+        causal_core.check_length(12, 12, tmp_path, extra=1, why="why")
+    causal_core.check_length(12, 12, tmp_path)  # fits
+    cfg = _cfg(tiny_math["model"])
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
+    eos, pad = causal_core.special_tokens(cfg, tiny_math["model"])
+    assert eos == tokenizer.eos_token_id is not None
+    assert pad == (tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
+    assert causal_core.special_tokens(cfg | {"eos_token_id": 3, "pad_token_id": 5}, tiny_math["model"]) == (3, 5)

@@ -161,6 +161,10 @@ BAD = [
      "algorithm.staleness_threshold = 1: expected 0 with runner.only_eval"),
     (["algorithm.staleness_threshold=1", "env.enable_offload=true"],
      "algorithm.staleness_threshold = 1: expected 0 with env.enable_offload"),
+    (["algorithm.staleness_threshold=1", "actor.offload_optimizer=true"],
+     "algorithm.staleness_threshold = 1: expected 0 with actor.offload_optimizer"),
+    (["actor.offload_grad=true", "actor.channel.queue_size=2"],
+     "actor.channel.queue_size = 2: expected 0 (unbounded) with actor.offload_grad"),
     (["algorithm.loss_type=decoupled_actor_critic", "rollout.recompute_logprobs=true"],
      "rollout.recompute_logprobs = True: expected false with algorithm.loss_type=decoupled_actor_critic"),
     (["algorithm.behave_weight_threshold=2.0"], "algorithm.behave_weight_threshold: not supported here, because "

@@ -1,6 +1,7 @@
 """Offload between phases, on real Ray workers on CPU: the rollout worker releases its weights'
 memory and gets them back with the next weight sync; the FSDP2 actor frees its gradients and
-keeps its optimizer state. (The training run with both keys on is in test_pipeline.py.)"""
+keeps its optimizer state, or with RLinf's per-part flags (actor.offload_weight / offload_optimizer /
+offload_grad) only the parts they name. (The training run with both keys on is in test_pipeline.py.)"""
 
 from __future__ import annotations
 
@@ -100,8 +101,13 @@ def test_rollout_offload_releases_the_weights_and_the_next_sync_restores_them(cl
 
 
 @pytest.mark.slow
-def test_actor_offload_frees_gradients_and_keeps_parameters_and_optimizer_state(cluster):
-    cfg = compose("maniskill_ppo_mlp", ["actor.enable_offload=true"])
+@pytest.mark.parametrize("settings, frees_grads", [
+    (["actor.enable_offload=true"], True),
+    (["actor.offload_grad=true"], True),  # RLinf's flags, one part each
+    (["actor.offload_weight=true", "actor.offload_optimizer=true"], False),
+])
+def test_actor_offload_frees_gradients_and_keeps_parameters_and_optimizer_state(cluster, settings, frees_grads):
+    cfg = compose("maniskill_ppo_mlp", settings)
     group = WorkerGroup.launch(ProbedActor, cluster, cluster.plan({"actor": "all"}), "actor",
                                args=(cfg, None))
     try:
@@ -111,7 +117,7 @@ def test_actor_offload_frees_gradients_and_keeps_parameters_and_optimizer_state(
         assert before["grads"] > 0
         group.execute("offload").wait()
         offloaded = group.execute("state").wait()[0]
-        assert offloaded["grads"] == 0 and offloaded["devices"] == ["cpu"]
+        assert (offloaded["grads"] == 0) == frees_grads and offloaded["devices"] == ["cpu"]
         np.testing.assert_array_equal(offloaded["exp_avg"], before["exp_avg"])
         group.execute("reload").wait()
         again = group.execute("get_weights").wait()[0]

@@ -80,6 +80,19 @@ def test_unbounded_seeds_are_drawn_at_random():
     assert len(set(ids)) == 12 and max(ids) > 10**6
 
 
+def test_ordered_goes_through_the_states_in_order_and_random_draws_with_replacement():
+    """reset_state_order: ordered (RLinf's use_ordered_reset_state_ids true) and random (false)."""
+    assert started(vector_env(4, 10, reset_state_order="ordered"), 5) == [i % 10 for i in range(20)]
+    assert started(vector_env(4, None, reset_state_order="ordered"), 2) == list(range(8))  # seeds 0, 1, ...
+    drawn = started(vector_env(4, 10, reset_state_order="random"), 50)
+    counts = np.bincount(drawn, minlength=10)
+    # 200 independent draws from 10 states: not the exact 20 each of a cycle, but all of them seen
+    assert counts.min() > 0 and len(set(counts.tolist())) > 1
+    assert drawn == started(vector_env(4, 10, reset_state_order="random"), 50)  # seeded
+    with pytest.raises(EnvSetupError, match="reset_state_order='random' has no effect with env.each_reset_state_once"):
+        vector_env(2, 10, each_reset_state_once=True, reset_state_order="random")
+
+
 @pytest.mark.parametrize("ranks,per_rank,states", [(1, 4, 10), (2, 3, 10), (2, 4, 8), (3, 2, 5)])
 def test_each_reset_state_once_covers_every_state_exactly_once(ranks, per_rank, states):
     total = ranks * per_rank

@@ -939,6 +939,10 @@ def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tm
     assert train.init_params.num_settle_steps == 15 and train.init_params.camera_heights == 256
     assert not train.init_params.reset_gripper_open and not evaluate.init_params.reset_gripper_open  # 0 command
     assert evaluate.each_reset_state_once and not evaluate.auto_reset and evaluate.ignore_terminations
+    assert (train.reset_state_order, evaluate.reset_state_order) == ("ordered", "shuffled")  # eval: is_eval
+    unordered = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets),
+                                                            "env.train.use_ordered_reset_state_ids=false"], libero_current)
+    assert unordered.env.train.reset_state_order == "random"  # RLinf's draws with replacement
     assert cfg.runner.experiment_name == "libero_10_grpo"
 
 

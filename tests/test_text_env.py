@@ -239,7 +239,7 @@ def test_a_byte_order_mark_is_read_as_utf8(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("each_reset_state_once", True), ("num_processes", 2),
-                                        ("task_suite_name", "libero_10")])
+                                        ("task_suite_name", "libero_10"), ("reset_state_order", "random")])
 def test_env_keys_the_text_env_cannot_honour_are_refused(tiny_math, key, value):
     from envs.text import check_config
 

@@ -73,6 +73,8 @@ def test_precision_and_offload_options():
         (["actor.fsdp_config.offload_pin_memory=true"], "offload_pin_memory: not supported here, because pinned"),
         (["actor.fsdp_config.cpu_offload=true", "actor.enable_offload=true"],
          "actor.enable_offload: not supported with actor.fsdp_config.cpu_offload"),
+        (["actor.fsdp_config.cpu_offload=true", "actor.offload_weight=true"],
+         "actor.offload_weight: not supported with actor.fsdp_config.cpu_offload"),
     ]:
         with pytest.raises(ConfigError, match=match):
             load("maniskill_ppo_mlp", overrides)

@@ -19,7 +19,8 @@ from policies import POLICIES
 from policies.base import Policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs", "env.*.max_steps_per_rollout_epoch")
+CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs", "env.*.max_steps_per_rollout_epoch", "actor.offload_weight",
+               "actor.offload_optimizer", "actor.offload_grad")
 
 
 def register_resolvers() -> None:
@@ -148,6 +149,23 @@ def rollout_window(env_cfg: Any) -> int:
     """Env steps per env in one rollout of this env split: ``max_steps_per_rollout_epoch`` for
     training when set, else one episode's ``max_episode_steps``."""
     return env_cfg.get("max_steps_per_rollout_epoch") or env_cfg.max_episode_steps
+
+
+OFFLOAD_PARTS = ("weight", "optimizer", "grad")
+
+
+def offloaded_parts(cfg: DictConfig, role: str) -> tuple[str, ...]:
+    """What ``role`` frees while it idles between phases: for the actor the parts
+    ``actor.offload_weight`` / ``offload_optimizer`` / ``offload_grad`` name (all three with
+    ``enable_offload``); for the env and rollout roles everything (``("all",)``) with
+    ``enable_offload``. Empty: it stays resident."""
+    section = cfg[role]
+    if role != "actor":
+        return ("all",) if section.enable_offload else ()
+    if section.enable_offload:
+        return OFFLOAD_PARTS
+    flags = {"weight": section.offload_weight, "optimizer": section.offload_optimizer, "grad": section.offload_grad}
+    return tuple(part for part in OFFLOAD_PARTS if flags[part])
 
 
 def chunk_steps(max_episode_steps: int, num_action_chunks: int) -> int:

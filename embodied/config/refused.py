@@ -36,12 +36,6 @@ _MEGATRON_CKPT = ("because the Megatron backend's checkpoints are always dist_ch
 MEGATRON_NEVER: dict[str, str] = {
     "actor.mcore_gpt": "other stacks than Megatron-Core's GPTModel, because only it is implemented",
     "actor.spec_name": "other specs than decoder_gpt, because the GPT decoder spec is the only one",
-    "actor.offload_optimizer": "Megatron offloading, because it is not implemented; with fsdp use "
-                               "actor.fsdp_config.cpu_offload",
-    "actor.offload_weight": "Megatron offloading, because it is not implemented; with fsdp use "
-                            "actor.fsdp_config.cpu_offload",
-    "actor.offload_grad": "Megatron offloading, because it is not implemented; with fsdp use "
-                          "actor.fsdp_config.cpu_offload",
     "actor.enable_dp_load_balance": "data-parallel load balancing, because micro-batches hold "
                                     "actor.micro_batch_size samples",
     "actor.model.pipeline_model_parallel_size": "pipeline parallelism, " + _PIPELINE,

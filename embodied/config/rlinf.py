@@ -268,6 +268,12 @@ def _precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
     return {}
 
 
+def _reset_state_order(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    if their.sibling("is_eval") or their.env_type() != "libero":  # RLinf's ManiSkill env ignores it
+        return {}
+    return {f"env.{their.split}.reset_state_order": "ordered" if value else "random"}
+
+
 def _mlp_from_scratch(value: Any, their: Their, rest: str) -> dict[str, Any]:
     if their.model_type != "mlp_policy":
         return {their.key: value}
@@ -543,10 +549,10 @@ RLINF_KEYS: dict[str, Rule] = {
                                        "(from env.train.enable_offload)"),
     "env.*.is_eval": Convert("env.*.each_reset_state_once", "true -> every reset state once (auto_reset "
                              "false, a no-op with ignore_terminations)", _is_eval),
-    "env.*.use_ordered_reset_state_ids": Implied(lambda v, their: bool(v) or bool(their.sibling("is_eval")),
-                                                 "training visits the reset states in order here (each "
-                                                 "once per cycle), as with true; override it with true "
-                                                 "to accept that"),
+    "env.*.use_ordered_reset_state_ids": Convert("env.*.reset_state_order", "true -> ordered; false -> random "
+                                                 "(drawn with replacement); LIBERO only, dropped with is_eval "
+                                                 "(the eval protocol's own order), as in RLinf",
+                                                 _reset_state_order),
     "env.*.reset_gripper_open": Convert("env.*.init_params.reset_gripper_open", "LIBERO: the settle steps' "
                                         "gripper command; dropped for other envs (RLinf's LIBERO env alone "
                                         "reads it)", _reset_gripper_open),

@@ -16,7 +16,7 @@ from core.errors import ConfigError
 from embodied import backends, checkpoint
 from embodied.config import preflight, schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
-from embodied.config import chunk_steps, rollout_window
+from embodied.config import chunk_steps, offloaded_parts, rollout_window
 from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from embodied.config.refused import refuse_unsupported
 from envs import ENVS, describe
@@ -122,9 +122,9 @@ def _overlap(cfg: DictConfig) -> None:
                                                       "to overlap with)")
     if stale:
         for role in ("actor", "rollout", "env"):
-            if cfg[role].enable_offload:
-                _fail("algorithm.staleness_threshold", stale, f"0 with {role}.enable_offload (offloading makes "
-                                                              "the phases take turns)")
+            if key := _offload_setting(cfg, role):
+                _fail("algorithm.staleness_threshold", stale, f"0 with {key} (offloading makes the phases take "
+                                                              "turns)")
     if POLICY_LOSSES.declared(loss)["proximal"] and cfg.rollout.recompute_logprobs:
         _fail("rollout.recompute_logprobs", True, f"false with algorithm.loss_type={loss} (it weighs samples by "
                                                   "the log-probs of the policy that acted, the rollout's)")
@@ -220,10 +220,10 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         if train.group_size != cfg.algorithm.group_size:
             _fail("env.train.group_size", train.group_size,
                   f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type={adv}")
-    if cfg.actor.enable_offload and cfg.actor.channel.queue_size:
+    if (key := _offload_setting(cfg, "actor")) and cfg.actor.channel.queue_size:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
-              "0 (unbounded) with actor.enable_offload: an offloaded actor takes a step's "
-              "trajectories only after the whole rollout")
+              f"0 (unbounded) with {key}: an offloaded actor takes a step's trajectories only after the whole "
+              "rollout")
     window = rollout_window(train)
     if window != train.max_episode_steps and not train.auto_reset:
         _fail("env.train.max_steps_per_rollout_epoch", window, f"null or max_episode_steps ({train.max_episode_steps}) "
@@ -257,9 +257,19 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
     if fsdp.offload_pin_memory and not (gpu and fsdp.cpu_offload):
         raise ConfigError("actor.fsdp_config.offload_pin_memory: not supported here, because pinned "
                           "host memory needs CUDA and actor.fsdp_config.cpu_offload")
-    if fsdp.cpu_offload and cfg.actor.enable_offload:
-        raise ConfigError("actor.enable_offload: not supported with actor.fsdp_config.cpu_offload, "
-                          "because the actor's state already lives in host memory")
+    moved = {"weight", "optimizer"} & set(offloaded_parts(cfg, "actor"))
+    if fsdp.cpu_offload and moved:
+        key = "actor.enable_offload" if cfg.actor.enable_offload else f"actor.offload_{sorted(moved)[0]}"
+        raise ConfigError(f"{key}: not supported with actor.fsdp_config.cpu_offload, because the actor's state "
+                          "already lives in host memory")
+
+
+def _offload_setting(cfg: DictConfig, role: str) -> str | None:
+    """The key that makes ``role`` offload between phases; None when it stays resident."""
+    if cfg[role].enable_offload:
+        return f"{role}.enable_offload"
+    parts = offloaded_parts(cfg, role)
+    return f"{role}.offload_{parts[0]}" if parts else None
 
 
 def devices_per_node(cfg: DictConfig) -> tuple[int, str]:

@@ -20,7 +20,7 @@ from embodied.algorithms import POLICY_LOSSES
 from embodied.backends import BACKENDS
 from embodied.batch import DemoSamples, Samples
 from embodied.channel import Channel
-from embodied.config import training_steps
+from embodied.config import offloaded_parts, training_steps
 from embodied.lr_schedule import learning_rate
 from embodied.training_options import autocast, build_optimizer, grad_scaler
 from embodied.worker import Worker
@@ -121,25 +121,29 @@ class TrainerWorker(Worker):
         return self.policy.probe_logprobs(probe["forward_inputs"], probe["actions"])
 
     def offload(self) -> None:
-        """Between phases: gradients freed (the next minibatch zeroes them anyway), parameters,
-        optimizer moments and the reference policy moved to host memory, the CUDA cache emptied.
-        On CPU the moves are no-ops."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self._move(torch.device("cpu"))
+        """Between phases, what ``offloaded_parts`` names: gradients freed (the next minibatch
+        zeroes them anyway), parameters and the reference policy, optimizer moments moved to host
+        memory; the CUDA cache emptied. On CPU the moves are no-ops."""
+        parts = offloaded_parts(self.cfg, "actor")
+        if "grad" in parts:
+            self.optimizer.zero_grad(set_to_none=True)
+        self._move(torch.device("cpu"), parts)
         if self.torch_device.type == "cuda":
             torch.cuda.empty_cache()
 
     def reload(self) -> None:
-        self._move(self.torch_device)
+        self._move(self.torch_device, offloaded_parts(self.cfg, "actor"))
 
-    def _move(self, device: torch.device) -> None:
-        self.policy.to(device)  # FSDP2 re-registers its sharded parameters after a move
-        if self.reference is not None:
-            self.reference.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if torch.is_tensor(value) and value.dim() > 0:  # Adam's scalar step stays put
-                    state[key] = value.to(device)
+    def _move(self, device: torch.device, parts: tuple[str, ...]) -> None:
+        if "weight" in parts:
+            self.policy.to(device)  # FSDP2 re-registers its sharded parameters after a move
+            if self.reference is not None:
+                self.reference.to(device)
+        if "optimizer" in parts:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if torch.is_tensor(value) and value.dim() > 0:  # Adam's scalar step stays put
+                        state[key] = value.to(device)
 
     def save(self, folder: str) -> None:
         """The policy's weights and the optimizer under ``folder/actor``, as the backend lays

@@ -32,6 +32,8 @@ from torch import Tensor
 
 from core.errors import ConfigError
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
+from policies.causal_core import (LORA_KEYS, LORA_TARGETS, MODEL_KEYS, SAMPLING_KEYS, TOKENIZER_KEYS, check_length,
+                                  model_folder, one_response_per_step, sampling_options, special_tokens)
 from policies.engines.probe import SYNC_TOLERANCE, ProbeBatch, SyncMismatchError, sync_gap
 from policies.engines.weights import SyncLayout
 from policies.weights import DTYPES
@@ -73,51 +75,32 @@ class EnginePolicy(Policy):
     """
 
     backend: ClassVar[str]  # the rollout.backend value
-    config_keys = ("model_path", "precision", "trust_remote_code", "tokenizer_model", "tokenizer_use_fast",
-                   "tokenizer_trust_remote_code", "eos_token_id", "pad_token_id", "max_prompt_length", "is_lora",
-                   "lora_rank", "lora_path", "temperature", "top_k", "top_p", "repetition_penalty", "min_new_tokens")
+    config_keys = (*MODEL_KEYS, *TOKENIZER_KEYS, *LORA_KEYS, *SAMPLING_KEYS)
     rollout_keys: ClassVar[dict[str, str]] = {}
     refused_rollout_keys: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg: Mapping[str, Any], rollout: Mapping[str, Any], cpu_threads: int | None = None):
         super().__init__(cfg)
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        from policies.causal_lm import LORA_TARGETS
-
-        self.path = Path(model_option(cfg, "model_path"))
-        if not (self.path / "config.json").is_file():
-            raise ConfigError(f"actor.model.model_path = {str(self.path)!r}: expected a Hugging Face model folder "
-                              "(with config.json)")
-        if self.num_action_chunks != 1:
-            raise ConfigError(f"actor.model.num_action_chunks = {self.num_action_chunks}: expected 1 for "
-                              f"rollout.backend={self.backend} (one response per step)")
+        self.path = model_folder(cfg)
+        one_response_per_step(cfg, f"rollout.backend={self.backend}")
         usage = rollout.get("gpu_memory_utilization")
         if usage is not None and not 0 < float(usage) <= 1:
             raise ConfigError(f"rollout.gpu_memory_utilization = {usage!r}: expected a fraction in (0, 1]")
         self.precision = cfg["precision"]
         self.dtype = DTYPES[self.precision]
         self.trust_remote_code = bool(cfg["trust_remote_code"])
-        tokenizer_path = cfg.get("tokenizer_model") or self.path
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=cfg["tokenizer_use_fast"],
-                                                  trust_remote_code=cfg["tokenizer_trust_remote_code"])
-        self.eos = cfg["eos_token_id"] if cfg.get("eos_token_id") is not None else tokenizer.eos_token_id
-        if self.eos is None:
-            raise ConfigError(f"the tokenizer in {tokenizer_path} has no EOS token: set rollout.eos")
-        pad = cfg["pad_token_id"] if cfg.get("pad_token_id") is not None else tokenizer.pad_token_id
-        self.pad = self.eos if pad is None else pad
+        self.eos, self.pad = special_tokens(cfg, self.path)
         self.max_new_tokens = self.action_dim
         self.max_model_len = int(model_option(cfg, "max_prompt_length")) + self.max_new_tokens
         model_config = AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         self.vocab_size = model_config.vocab_size
-        limit = getattr(model_config, "max_position_embeddings", None)
         # the sync check scores whole prompt + response sequences, with one token of generation
         self.engine_len = self.max_model_len + 1
-        if limit is not None and self.engine_len > limit:
-            raise ConfigError(f"runner.seq_length ({self.max_model_len}) + 1 exceeds the {limit} positions of the "
-                              f"model in {self.path} (rollout.backend={self.backend} scores whole sequences after "
-                              "each weight sync)")
-        self.sampling = {k: cfg[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "min_new_tokens")}
+        check_length(self.max_model_len, getattr(model_config, "max_position_embeddings", None), self.path, extra=1,
+                     why=f"rollout.backend={self.backend} scores whole sequences after each weight sync")
+        self.sampling = sampling_options(cfg)
         self.temperature = float(cfg["temperature"])
         lora = (LORA_TARGETS, int(cfg["lora_rank"]), cfg.get("lora_path")) if cfg["is_lora"] else None
         self.layout = SyncLayout(self.path, self.trust_remote_code, self.dtype, lora)

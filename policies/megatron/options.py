@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from core.errors import ConfigError, expected
+from policies.causal_core import check_length
 from policies.megatron.weights import read_architecture
 
 # actor.model keys that are TransformerConfig fields of the same name: fused CUDA kernels, passed
@@ -64,9 +65,8 @@ def check_options(model_cfg: Mapping[str, Any], world_size: int) -> None:
                 raise ConfigError(f"actor.model.{key}: not supported without CUDA, because it selects a fused "
                                   "CUDA kernel")
     prompt, response = cfg.get("max_prompt_length"), cfg.get("action_dim")
-    if prompt is not None and response is not None and prompt + response > arch.max_positions:
-        raise ConfigError(f"runner.seq_length ({prompt + response}) exceeds the {arch.max_positions} positions "
-                          f"of the model in {cfg['model_path']}")
+    if prompt is not None and response is not None:
+        check_length(prompt + response, arch.max_positions, cfg["model_path"])
 
 
 def _check_recompute(cfg: Mapping[str, Any], num_layers: int) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from core.errors import ConfigError
 from policies.base import ActOutput, EvaluateOutput, Policy, model_option
+from policies.causal_core import MODEL_KEYS, NO_VALUE_HEAD, token_columns
 from policies.megatron import checkpoint, training, vocab_parallel
 from policies.megatron.model import (
     MegatronOptions,
@@ -43,15 +44,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 class MegatronCausalLMPolicy(Policy):
-    config_keys = ("model_path", "precision", "max_prompt_length", "temperature",
-                   "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+    config_keys = (*MODEL_KEYS, "temperature", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
                    "recompute_granularity", "recompute_method", "recompute_num_layers", "seq_length",
                    "activation", "normalization", "position_embedding_type", "attention_softmax_in_fp32",
                    "use_cpu_initialization", "megatron_checkpoint", "apply_rope_fusion", "bias_dropout_fusion",
                    "persist_layer_norm", "bias_activation_fusion", "gradient_accumulation_fusion")
-    refused_keys = {"add_value_head": "a value head, because causal_lm has none (GRPO needs no critic: "
-                                      "algorithm.adv_type grpo)",
-                    "is_lora": LORA}
+    refused_keys = {**NO_VALUE_HEAD, "is_lora": LORA}
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)
@@ -86,9 +84,7 @@ class MegatronCausalLMPolicy(Policy):
         response_mask = forward_inputs["response_mask"].float()
         device = self.device
         tokens = torch.as_tensor(actions, device=ids.device).long().reshape(ids.shape[0], -1)
-        # cut the columns that are padding in every row: left of the prompts, right of the responses
-        start = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
-        stop = int((response_mask.sum(0) > 0).nonzero()[-1]) + 1 if response_mask.any() else 1
+        start, stop = token_columns(mask, response_mask)  # the columns that hold a token in some row
         prompt = ids[:, start:]
         padding = (mask[:, start:] == 0).sum(1, keepdim=True)  # left padding of each row
         full = torch.cat([prompt, tokens[:, :stop]], dim=1).to(device)
