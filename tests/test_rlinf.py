@@ -999,7 +999,7 @@ def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_pat
     assert cfg.actor.tokenizer.padding_side == "left" and cfg.actor.fsdp_config.strategy == "fsdp2"
     assert cfg.actor.fsdp_config.amp_autocast.enabled == (style == "v0.1")
     assert cfg.actor.fsdp_config.mixed_precision.param_dtype == "fp32"  # null: no mixed-precision policy
-    assert not cfg.actor.optim.fp16 and cfg.actor.optim.use_distributed_optimizer  # Megatron's, dropped
+    assert not cfg.actor.optim.fp16 and not cfg.actor.optim.use_distributed_optimizer  # theirs (true), dropped
     assert cfg.data.train_data_paths == [str(tiny_math["data"] / "train.jsonl")]
     assert cfg.data.apply_chat_template is False and cfg.env.train.init_params.apply_chat_template is False
 
