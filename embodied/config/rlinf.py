@@ -385,6 +385,8 @@ def _eval_once(value: Any, their: Their) -> bool:
     return value in (None, 1)
 
 
+CRITIC_WARMUP = ("RLinf's warm-up counts optimizer steps (minibatches) and rebuilds the optimizer after it; "
+                 "here algorithm.critic_warmup counts training steps and keeps the optimizer: set it instead")
 EVAL_WINDOW = "an evaluation here runs whole episodes of max_episode_steps; set it to max_episode_steps"
 FSDP_MEGATRON_KEYS = (  # Megatron's options that RLinf's FSDP actor never reads
     "actor.megatron", "actor.mcore_gpt", "actor.spec_name", "actor.offload_optimizer", "actor.offload_weight",
@@ -430,8 +432,7 @@ RLINF_KEYS: dict[str, Rule] = {
     "algorithm.huber_delta": Convert("algorithm.huber_delta", "dropped without a value loss (adv_type not gae)",
                                      lambda v, their, rest: {their.key: v} if their.get("algorithm.adv_type") == "gae"
                                      else {}),
-    "algorithm.critic_warmup_steps": Implied(_equals(0), "critic warm-up (training only the value head "
-                                             "at first) is not implemented"),
+    "algorithm.critic_warmup_steps": Implied(_equals(0), CRITIC_WARMUP),
     "algorithm.reward_coef": Implied(_always, "RLinf's code reads env.*.reward_coef, which carries it"),
     "algorithm.rewards_lower_bound": Implied(_filter_bounds, "groups are filtered (filter_rewards) when "
                                              "they all succeed or all fail, not by bounds on the mean reward"),
@@ -498,8 +499,7 @@ RLINF_KEYS: dict[str, Rule] = {
     "actor.fsdp_config.mixed_precision.buffer_dtype": Convert(
         "actor.fsdp_config.mixed_precision.buffer_dtype", "null or actor.model.precision -> the default "
         "(FSDP2 keeps buffers in the model's dtype)", _buffer_dtype),
-    "actor.optim.critic_warmup_steps": Implied(_equals(0), "critic warm-up (training only the value head "
-                                               "at first) is not implemented"),
+    "actor.optim.critic_warmup_steps": Implied(_equals(0), CRITIC_WARMUP),
     "actor.megatron.ckpt_convertor": Implied(
         lambda v, their: their.fsdp or their.get("actor.megatron.ckpt_convertor.hf_model_path") == their.get(
             "actor.model.model_path"),
