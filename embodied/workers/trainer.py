@@ -27,8 +27,8 @@ from embodied.worker import Worker
 from policies.base import Policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("algorithm.loss_type", "actor.seed", "actor.optim.lr", "actor.optim.value_lr", "actor.optim.clip_grad", "actor.optim.max_skipped_updates",
-               "actor.model.gradient_checkpointing")
+CONFIG_KEYS = ("algorithm.loss_type", "actor.seed", "actor.optim.lr", "actor.optim.value_lr", "actor.optim.clip_grad",
+               "actor.optim.max_skipped_updates", "actor.model.gradient_checkpointing")
 
 
 class TrainerWorker(Worker):
