@@ -257,10 +257,9 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
     if fsdp.offload_pin_memory and not (gpu and fsdp.cpu_offload):
         raise ConfigError("actor.fsdp_config.offload_pin_memory: not supported here, because pinned "
                           "host memory needs CUDA and actor.fsdp_config.cpu_offload")
-    moved = {"weight", "optimizer"} & set(offloaded_parts(cfg, "actor"))
-    if fsdp.cpu_offload and moved:
-        key = "actor.enable_offload" if cfg.actor.enable_offload else f"actor.offload_{sorted(moved)[0]}"
-        raise ConfigError(f"{key}: not supported with actor.fsdp_config.cpu_offload, because the actor's state "
+    if fsdp.cpu_offload and {"weight", "optimizer"} & set(offloaded_parts(cfg, "actor")):
+        # (the parts are listed weight, optimizer, grad: the key named turns on one that moves)
+        raise ConfigError(f"{_offload_setting(cfg, 'actor')}: not supported with actor.fsdp_config.cpu_offload, because the actor's state "
                           "already lives in host memory")
 
 

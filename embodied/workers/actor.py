@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 
 from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs, value_loss
 from embodied.algorithms.trajectory import normalize, training_samples
 from embodied.batch import Samples, Trajectory
+from embodied.channel import Channel
 from embodied.channel.keys import replay_key
 from embodied.workers.trainer import TrainerWorker, _mean_over_ranks
 from policies.base import Policy
@@ -32,13 +34,16 @@ CONFIG_KEYS = ("algorithm.kl_beta", "algorithm.entropy_bonus",
 
 
 class ActorWorker(TrainerWorker):
-    def prepare(self, policy: Policy) -> None:
-        if self.algo.kl_beta > 0 and policy.frozen_reference() is None:
-            self.reference = copy.deepcopy(policy).requires_grad_(False)
+    def __init__(self, cfg: DictConfig, channel: Channel):
+        super().__init__(cfg, channel)
         self.proximal = POLICY_LOSSES.declared(self.algo.loss_type)["proximal"]
         self.loss_args = loss_hyperparameters(self.algo)
         if self.algo.use_kl_in_reward:
             self.loss_args["kl_beta"] = 0.0  # the KL is already in the rewards
+
+    def prepare(self, policy: Policy) -> None:
+        if self.algo.kl_beta > 0 and policy.frozen_reference() is None:
+            self.reference = copy.deepcopy(policy).requires_grad_(False)
 
     def update(self, step: int, num_pieces: int) -> dict[str, float]:
         """Take this rank's ``num_pieces`` trajectory pieces from the replay channel, compute
