@@ -67,6 +67,17 @@ def embodied(command: str, args: list[str], code: int = 0) -> tuple[dict, subpro
     return (json.loads(last) if last.startswith("{") else {}), done
 
 
+def placed(**groups: str) -> list[str]:
+    """Overrides that replace the experiment's ``cluster.component_placement`` with ``groups``
+    (``placed(actor="all", env="0", rollout="0")``): a test that is not about ranks runs one rank
+    per group, which halves a short run's start (worker imports and model builds on 2 cores)."""
+    lines = ",".join(f"{group}:{devices}" for group, devices in groups.items())
+    return ["~cluster.component_placement", f"+cluster.component_placement={{{lines}}}"]
+
+
+ONE_RANK_EACH = placed(actor="0", env="0", rollout="0")
+
+
 def tiny_config(folder: Path, env: str = "0", rollout: str = "1", actor: str = "0-1") -> list[str]:
     """Write the tiny experiment with this placement; returns the CLI arguments that pick it."""
     folder.mkdir(parents=True, exist_ok=True)

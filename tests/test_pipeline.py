@@ -19,18 +19,18 @@ import pytest
 import torch
 
 from embodied import checkpoint
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied, placed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
+TWO_RANKS_EACH = placed(actor="all", env="all", rollout="all")
 TASK = "push_the_blue_cube_onto_the_red_and_white_target"  # PushCube-v1's description as a key
 
 
-def tiny(out: Path, name: str = "tiny") -> list[str]:
-    """PPO on PushCube with 4 envs and 10-step episodes: seconds per step; the actor on both CPU
-    slots, so its two FSDP2 ranks sync over gloo."""
+def tiny(out: Path, name: str = "tiny", placement: list[str] = TWO_RANKS_EACH) -> list[str]:
+    """PPO on PushCube with 4 envs and 10-step episodes: seconds per step; by default each group
+    on both CPU slots, so the actor's two FSDP2 ranks sync over gloo."""
     return [
-        f"runner.output_dir={out}", f"runner.experiment_name={name}", "runner.val_check_interval=-1",
-        "cluster.component_placement.actor=all",
+        *placement, f"runner.output_dir={out}", f"runner.experiment_name={name}", "runner.val_check_interval=-1",
         "env.train.total_num_envs=4", "env.train.max_episode_steps=10", "env.train.auto_reset=false",
         "env.eval.total_num_envs=4", "env.eval.max_episode_steps=10",
         "actor.global_batch_size=20", "actor.micro_batch_size=10", "algorithm.update_epochs=2",
@@ -47,7 +47,7 @@ def scalars(log_dir: Path, tag: str) -> dict[int, float]:
 
 
 def test_train_then_evaluate_a_checkpoint(tmp_path):
-    result, done = embodied("train", tiny(tmp_path) + ["runner.max_epochs=2"])
+    result, done = embodied("train", tiny(tmp_path, placement=ONE_RANK_EACH) + ["runner.max_epochs=2"])
     assert result["env_steps"] == 2 * 4 * 10 and result["wall_s"] > 0
     assert "train:" in done.stderr  # the progress bar
     step = checkpoint.latest(tmp_path / "tiny" / "checkpoints")
@@ -59,7 +59,7 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert sorted(losses) == [1, 2]
 
     videos = tmp_path / "videos"
-    result, done = embodied("eval", tiny(tmp_path) + [
+    result, done = embodied("eval", tiny(tmp_path, placement=placed(actor="0", env="all", rollout="0")) + [
         f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.video_cfg.save_video=true",
         f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4
@@ -89,7 +89,7 @@ def test_offload_between_phases_trains_exactly_like_resident_workers(tmp_path):
                      "actor.global_batch_size=40"]  # 4 envs x 10 steps
     runs = {}
     for name, offload in (("resident", "false"), ("offload", "true")):
-        result, done = embodied("train", tiny(tmp_path, name) + one_minibatch + [
+        result, done = embodied("train", tiny(tmp_path, name, ONE_RANK_EACH) + one_minibatch + [
             f"rollout.enable_offload={offload}", f"actor.enable_offload={offload}",
             f"env.enable_offload={offload}"])
         assert f"  {TASK}: success {result['eval_success']:.3f} over 4 episodes" in done.stdout
@@ -114,7 +114,8 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
     steps = 6
     args = ["runner.max_epochs=6", "runner.save_interval=3", "runner.val_check_interval=2",
             "env.train.auto_reset=true", "env.train.ignore_terminations=true"]
-    command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed"), *args,
+    ranks = placed(actor="all", env="0", rollout="0")  # two actor ranks: each restores its own state
+    command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", ranks), *args,
                "runner.resume_dir=auto"]
     log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
     with open(tmp_path / "killed.err", "w") as err:
@@ -143,7 +144,7 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
         assert f"resumed from {ckpts / 'global_step_3'} at step 3" in done.stdout
         (resumed,) = set((log / "tensorboard").iterdir()) - before
 
-        done = subprocess.run([*command[:4], *tiny(tmp_path, "straight"), *args], capture_output=True, text=True,
+        done = subprocess.run([*command[:4], *tiny(tmp_path, "straight", ranks), *args], capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         straight = json.loads(done.stdout.strip().splitlines()[-1])
@@ -182,11 +183,11 @@ def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
     """With rollout.pipeline_stage_num=2 each env worker's envs form two stages that take turns
     with the policy; every env must still get the actions for its own observations, so greedy
     episodes of one checkpoint are the same as without stages."""
-    embodied("train", tiny(tmp_path) + ["runner.max_epochs=1"])
+    embodied("train", tiny(tmp_path, placement=ONE_RANK_EACH) + ["runner.max_epochs=1"])
     returns = {}
     for stages in (1, 2):
         name = f"stages{stages}"
-        embodied("eval", tiny(tmp_path, name) + [
+        embodied("eval", tiny(tmp_path, name, ONE_RANK_EACH) + [
             f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.total_num_envs=8",
             f"rollout.pipeline_stage_num={stages}"])
         returns[stages] = scalars(tmp_path / name, "eval/return")
@@ -197,7 +198,7 @@ def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
 def test_cnn_policy_trains_from_camera_images(tmp_path):
     """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers; a rollout
     window of two episodes (``max_steps_per_rollout_epoch``, the envs resetting inside it)."""
-    args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn"), "runner.max_epochs=2",
+    args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn", ONE_RANK_EACH), "runner.max_epochs=2",
             "runner.save_interval=1", "env.train.auto_reset=true", "env.train.max_steps_per_rollout_epoch=20"]
     result, _ = embodied("train", args)
     assert result["env_steps"] == 2 * 4 * 20

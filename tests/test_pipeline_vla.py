@@ -1,5 +1,6 @@
 """OpenVLA-OFT (a tiny checkpoint in the public layout) through the whole pipeline: rgb PickCube,
-LoRA under FSDP2 on 2 gloo ranks, adapter-only weight sync to the rollout workers."""
+LoRA under FSDP2 on 2 gloo ranks, adapter-only weight sync to the rollout workers. Runs whose
+point is not the ranks start one rank per group."""
 
 import math
 
@@ -9,7 +10,7 @@ from safetensors.torch import load_file
 
 from embodied import checkpoint
 from policies.openvla_oft.tiny import norm_stats, tiny_config, write_tiny_checkpoint
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied, placed
 from tests.test_pipeline import scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
@@ -20,8 +21,9 @@ def tiny_vla(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("vla") / "tiny-openvla-oft")
 
 
-def vla_args(out, model_path, name):
-    return [
+def vla_args(out, model_path, name, placement=ONE_RANK_EACH):
+    """A short run of the tiny checkpoint; one rank per group unless ``placement`` says otherwise."""
+    return [*placement,
         f"actor.model.model_path={model_path}", "actor.model.unnorm_key=tiny_dataset",
         f"runner.output_dir={out}", f"runner.experiment_name={name}", "runner.val_check_interval=-1",
         "runner.save_interval=1",
@@ -42,7 +44,7 @@ def lora_weights(step_dir):
 
 def test_ppo_lora_trains_and_the_rollout_acts_with_the_new_adapter(tmp_path, tiny_vla):
     result, _ = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", "runner.max_epochs=2",
-                                   *vla_args(tmp_path, tiny_vla, "ppo")])
+                                   *vla_args(tmp_path, tiny_vla, "ppo", placed(actor="all", env="0", rollout="0"))])
     assert result["env_steps"] == 2 * 4 * 16
     log = tmp_path / "ppo"
     assert all(math.isfinite(v) for v in scalars(log, "actor/total_loss").values())
@@ -81,8 +83,8 @@ def tiny_l1(tmp_path_factory):
                                  config=tiny_config(stats=norm_stats(proprio_dim=29)), proprio_dim=29, l1_head=True)
 
 
-def l1_args(out, model_path, name):
-    return vla_args(out, model_path, name) + [
+def l1_args(out, model_path, name, placement=ONE_RANK_EACH):
+    return vla_args(out, model_path, name, placement) + [
         "actor.model.action_head=l1_regression", "actor.model.use_proprio=true",
         "actor.model.num_images_in_input=2", "actor.model.normalize_gripper=true",
         "env.train.init_params.robot_uids=panda_wristcam", "env.eval.init_params.robot_uids=panda_wristcam",
@@ -117,7 +119,8 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
 
     videos = tmp_path / "videos"
     result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
-                                     *l1_args(tmp_path, exported, "exported_eval"), "actor.model.is_lora=false",
+                                     *l1_args(tmp_path, exported, "exported_eval", placed(actor="0", env="all", rollout="0")),
+                                     "actor.model.is_lora=false",
                                      "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
     assert f"eval of {exported}" in done.stdout
@@ -129,7 +132,8 @@ def test_a_full_fine_tune_resumes_though_some_parameters_never_had_a_gradient(tm
     (OpenVLA takes the second-to-last block's output): its parameters have no optimizer state, in
     the checkpoint as in the run. A resumed run continues the first one's steps (a soak's restart
     failed here: 'Missing optimizer state for parameter ...')."""
-    args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full"), "actor.model.is_lora=false"]
+    args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full", placed(actor="all", env="0", rollout="0")),
+            "actor.model.is_lora=false"]
     embodied("train", [*args, "runner.max_epochs=1"])
     first = checkpoint.latest(tmp_path / "full" / "checkpoints")
     optim = torch.load(first / "actor" / "optimizer.pt", weights_only=False)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embodied import report
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied
 from tests.test_pipeline import TASK, tiny
 
 
@@ -55,8 +55,8 @@ def test_eval_report_opens_and_plays_in_a_headless_browser(tmp_path):
 
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and driver_path, "Chromium and chromedriver missing: run scripts/setup_browser.sh"
-    embodied("train", tiny(tmp_path) + ["runner.max_epochs=1"])
-    result, done = embodied("eval", tiny(tmp_path) + [
+    embodied("train", tiny(tmp_path, placement=ONE_RANK_EACH) + ["runner.max_epochs=1"])
+    result, done = embodied("eval", tiny(tmp_path, placement=ONE_RANK_EACH) + [
         f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.video_cfg.save_video=true",
         "env.eval.video_cfg.per_episode=true"])
     page = Path(result["report"])

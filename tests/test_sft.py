@@ -219,7 +219,7 @@ def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_f
     """The shortened benchmarks/vla_learning.py: a tiny OpenVLA-OFT cloned from the scripted
     pusher's 64 px demos through embodied-train, then PPO from its checkpoint."""
     from benchmarks.vla_learning import CONTROL, record_demos
-    from tests.runs import embodied
+    from tests.runs import ONE_RANK_EACH, embodied
     from tests.test_pipeline import scalars
 
     from embodied import checkpoint
@@ -232,7 +232,7 @@ def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_f
     small = [f"env.{split}.{key}" for split in ("train", "eval") for key in ("total_num_envs=4", "num_processes=1")]
     common = [f"runner.output_dir={tmp_path}", "actor.model.action_dim=4", *CONTROL, *small]
     result, done = embodied("train", ["--config-name", "maniskill_sft_openvla_oft", *common, f"data.demo_paths=[{train}]",
-                                      "runner.max_epochs=150", "runner.val_check_interval=150", "runner.save_interval=150"])
+                                      *ONE_RANK_EACH, "runner.max_epochs=150", "runner.val_check_interval=150", "runner.save_interval=150"])
     assert 0.0 <= result["eval_success"] <= 1.0 and result["env_steps"] == 0  # validated in the simulator
     assert "eval at step 150: success" in done.stdout and "train:" in done.stderr  # the progress bar
     print(f"SFT run in {time.monotonic() - tic:.1f} s: {result}")
@@ -249,7 +249,7 @@ def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_f
     assert cloned < untrained - 1.0
 
     result, done = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft_push_cube", *common,
-                                      f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}",
+                                      f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}", *ONE_RANK_EACH,
                                       "runner.max_epochs=2", "runner.val_check_interval=-1", "runner.save_interval=2",
                                       "env.train.max_episode_steps=8", "actor.global_batch_size=8",
                                       "actor.micro_batch_size=4"])
