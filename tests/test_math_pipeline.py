@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from embodied import checkpoint
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_shortened_training_clearly_raises_held_out_accuracy(tiny_math, fsdp_lea
 def test_lora_with_kl_trains_and_its_adapter_checkpoint_evaluates_and_resumes(tiny_math, tmp_path):
     from tests.test_pipeline import scalars
 
-    args = _math(tiny_math, tmp_path, "lora", "runner.max_epochs=2", "runner.val_check_interval=-1",
+    args = _math(tiny_math, tmp_path, "lora", *ONE_RANK_EACH, "runner.max_epochs=2", "runner.val_check_interval=-1",
                  "runner.val_before_train=false", "actor.model.is_lora=true", "actor.model.lora_rank=4",
                  "actor.global_batch_size=512",  # one update per step: step 1 sees the untouched adapters
                  "algorithm.kl_beta=0.1", "algorithm.use_kl_in_reward=false",
@@ -113,7 +113,7 @@ def test_lora_with_kl_trains_and_its_adapter_checkpoint_evaluates_and_resumes(ti
 def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):
     from tests.test_pipeline import scalars
 
-    args = _math(tiny_math, tmp_path, "passk", "runner.max_epochs=1", "runner.val_check_interval=1",
+    args = _math(tiny_math, tmp_path, "passk", *ONE_RANK_EACH, "runner.max_epochs=1", "runner.val_check_interval=1",
                  "data.rollout_batch_size=8", "actor.global_batch_size=64", "actor.micro_batch_size=32",
                  "data.val_pass_k=4")
     result, done = _embodied("train", args)
@@ -199,7 +199,7 @@ def test_a_weight_sync_that_misses_the_adapters_stops_the_run(tiny_math, tmp_pat
 
         SyncLayout.engine_state = without_adapters
     '''))
-    args = _math(tiny_math, tmp_path, "broken", "runner.max_epochs=2", "runner.val_check_interval=-1",
+    args = _math(tiny_math, tmp_path, "broken", *ONE_RANK_EACH, "runner.max_epochs=2", "runner.val_check_interval=-1",
                  "runner.val_before_train=false", "runner.save_interval=1", "actor.model.is_lora=true",
                  "actor.model.lora_rank=4", "actor.optim.lr=0.05")
     done = subprocess.run([sys.executable, "-m", "embodied", "train", "--config-name", "math_grpo_tiny_vllm", *args],
