@@ -144,20 +144,21 @@ def test_unwritable_log_path_is_refused_before_anything_starts(tmp_path, small_m
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one_and_says_so(tmp_path, small_mount):
     """Each step of the tiny run saves ~3.4 MB (weights and Adam moments); on a 6 MiB tmpfs
     step 1's fits and step 2's does not."""
-    from tests.runs import Run, tiny_config
+    from tests.runs import embodied, tiny_config
 
-    run = Run(tiny_config(tmp_path) + [f"runner.output_dir={small_mount}"], tmp_path, "full")
-    code, _ = run.finish(timeout=240)
+    _, done = embodied("train", tiny_config(tmp_path, env="0", rollout="0", actor="0")
+                       + [f"runner.output_dir={small_mount}"], code=1)
+    line = done.stderr.strip().splitlines()[-1]
     ckpts = small_mount / "tiny" / "checkpoints"
     last = checkpoint.latest(ckpts)
-    assert code == 1
     assert last.name == "global_step_1"
-    assert run.last_error_line().startswith("embodied-train: checkpoint of step 2 not written (")
-    assert re.search(r"; [0-2]\.\d MB free in .*/small/tiny/checkpoints; ", run.last_error_line())
-    assert run.last_error_line().endswith(f"the latest checkpoint is still {last}")
+    assert line.startswith("embodied-train: checkpoint of step 2 not written ("), line
+    assert re.search(r"; [0-2]\.\d MB free in .*/small/tiny/checkpoints; ", line)
+    assert line.endswith(f"the latest checkpoint is still {last}")
     assert sorted(p.name for p in ckpts.iterdir()) == [p.name for p in checkpoint.list_checkpoints(ckpts)]
     torch.load(last / "actor" / "model.pt", weights_only=True)
     torch.load(last / "actor" / "optimizer.pt", weights_only=False)

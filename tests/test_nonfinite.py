@@ -17,7 +17,7 @@ import torch
 from embodied import checkpoint
 from embodied.config import compose
 from embodied.workers.env import EnvWorker
-from tests.runs import Run, tiny_config
+from tests.runs import embodied, tiny_config
 from tests.test_pipeline import scalars
 
 
@@ -52,13 +52,12 @@ def test_non_finite_observations_or_rewards_name_env_rank_step_and_envs():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_masked_rewards_are_counted_and_non_finite_updates_skipped_until_the_limit(tmp_path):
-    run = Run(tiny_config(tmp_path) + [
+    _, done = embodied("train", tiny_config(tmp_path, env="0", rollout="0", actor="0") + [
         f"runner.output_dir={tmp_path}", "env.train.reward_coef=nan", "env.non_finite=mask",
-        "algorithm.value_loss_coef=1e38", "actor.optim.max_skipped_updates=3"], tmp_path, "skip")
-    code, _ = run.finish(timeout=240)
-    assert code == 1
-    line = run.last_error_line()
+        "algorithm.value_loss_coef=1e38", "actor.optim.max_skipped_updates=3"], code=1)
+    line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("embodied-train: ActorGroup rank "), line
     assert ("3 optimizer steps in a row skipped for a non-finite loss or gradient "
             "(actor.optim.max_skipped_updates=3), the last at training step 3") in line

@@ -145,22 +145,21 @@ def test_refusal_is_one_line_and_exit_code_2():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_a_run_with_every_option_on_trains_on_two_fsdp2_ranks(tmp_path):
     """AdamW with weight decay, bf16 autocast and bf16 FSDP2 parameters, CPU offload, gradient
     checkpointing, a linear decay to optim.min_lr, and max_ckpts_to_keep=1, through the real
     workers (the actor on two gloo ranks)."""
     from embodied import checkpoint
-    from tests.runs import Run, tiny_config
+    from tests.runs import embodied, tiny_config
     from tests.test_pipeline import scalars
 
-    run = Run(tiny_config(tmp_path) + [
+    embodied("train", tiny_config(tmp_path) + [
         f"runner.output_dir={tmp_path}", "runner.max_epochs=3", "runner.max_ckpts_to_keep=1",
         "actor.optim.optimizer=adamw", "actor.optim.weight_decay=0.01", "actor.optim.min_lr=1e-5",
         "actor.lr_sched.lr_decay_style=linear", "actor.fsdp_config.amp_autocast.enabled=true",
         "actor.fsdp_config.mixed_precision.param_dtype=bf16", "actor.fsdp_config.cpu_offload=true",
-        "actor.model.gradient_checkpointing=true"], tmp_path, "options")
-    code, err = run.finish(timeout=240)
-    assert code == 0, err[-3000:]
+        "actor.model.gradient_checkpointing=true"])
     logs = tmp_path / "tiny"
     assert scalars(logs, "actor/lr") == pytest.approx({1: 3e-4, 2: (3e-4 + 1e-5) / 2, 3: 1e-5})
     for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
@@ -173,17 +172,16 @@ def test_a_run_with_every_option_on_trains_on_two_fsdp2_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_critic_warmup_trains_only_the_critic_for_its_steps(tmp_path):
     """``algorithm.critic_warmup: 2``: the checkpoints of steps 1 and 2 hold the same actor and
     different critics; step 3 moves the actor (through the real workers, actor on two ranks)."""
     from embodied import checkpoint
-    from tests.runs import Run, tiny_config
+    from tests.runs import embodied, tiny_config
     from tests.test_pipeline import scalars
 
-    run = Run(tiny_config(tmp_path) + [f"runner.output_dir={tmp_path}", "runner.max_epochs=3",
-                                       "algorithm.critic_warmup=2"], tmp_path, "warmup")
-    code, err = run.finish(timeout=240)
-    assert code == 0, err[-3000:]
+    embodied("train", tiny_config(tmp_path) + [f"runner.output_dir={tmp_path}", "runner.max_epochs=3",
+                                               "algorithm.critic_warmup=2"])
     steps = [torch.load(p / "actor" / "model.pt", weights_only=True)
              for p in checkpoint.list_checkpoints(tmp_path / "tiny" / "checkpoints")]
     assert len(steps) == 3
