@@ -94,14 +94,20 @@ def pretrain(out: Path, data: Path, tool_share: float, steps: int, seed: int = 0
     return {"loss": round(loss.item(), 4), "seconds": round(time.monotonic() - tic, 1)}
 
 
-def train(config: str, model: Path, data: Path, out: Path, name: str, steps: int, val_every: int,
-          extra: list[str], val_rows: int = 200) -> tuple[dict, float]:
-    args = [f"actor.model.model_path={model}", f"data.train_data_paths=[{data / 'train.jsonl'}]",
+def train_args(model: Path, data: Path, out: Path, name: str, steps: int, val_every: int,
+               extra: list[str], val_rows: int = 200) -> list[str]:
+    """The overrides of a training run of the bar (the test makes the same run in its process)."""
+    return [f"actor.model.model_path={model}", f"data.train_data_paths=[{data / 'train.jsonl'}]",
             f"data.val_data_paths=[{data / 'test.jsonl'}]", f"runner.output_dir={out}",
             f"runner.experiment_name={name}", f"runner.max_epochs={steps}", f"runner.val_check_interval={val_every}",
             f"data.max_prompt_length={CONTEXT}", f"runner.seq_length={CONTEXT + RESPONSE}",
             "data.rollout_batch_size=16", f"data.val_rollout_batch_size={val_rows}", "algorithm.group_size=8",
             "actor.optim.lr=3e-4", *extra]
+
+
+def train(config: str, model: Path, data: Path, out: Path, name: str, steps: int, val_every: int,
+          extra: list[str], val_rows: int = 200) -> tuple[dict, float]:
+    args = train_args(model, data, out, name, steps, val_every, extra, val_rows)
     tic = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "embodied", "train", "--config-name", config, *args],
                           capture_output=True, text=True)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.agent_learning import pretrain, train, write_problems
+from benchmarks.agent_learning import pretrain, train_args, write_problems
+from tests.runs import embodied
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 
 def test_a_tiny_lm_learns_to_use_the_calculator(tmp_path):
@@ -21,9 +22,9 @@ def test_a_tiny_lm_learns_to_use_the_calculator(tmp_path):
         pretrain(tmp_path / "model", tmp_path / "data", tool_share=0.1, steps=1000)
     finally:
         torch.set_num_threads(threads)
-    result, _ = train("agent_arithmetic_tools_tiny", tmp_path / "model", tmp_path / "data", tmp_path, "agent",
-                      steps=12, val_every=12, val_rows=100,
+    args = train_args(tmp_path / "model", tmp_path / "data", tmp_path, "agent", steps=12, val_every=12, val_rows=100,
                       extra=["env.train.max_episode_steps=2", "env.eval.max_episode_steps=2",
                              "actor.micro_batch_size=64", "actor.global_batch_size=256"])
+    result, _ = embodied("train", ["--config-name", "agent_arithmetic_tools_tiny", *args])
     assert result["eval_success_before"] <= 0.1, result  # greedy answers directly, and wrongly
     assert result["eval_success"] >= result["eval_success_before"] + 0.25, result
