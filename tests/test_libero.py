@@ -19,7 +19,7 @@ from envs.libero import SUITE_MAX_STEPS, LiberoEnv, check_config
 from embodied.config import load_env_config
 from envs import make_vector_env
 from envs.vector_env import EnvSetupError
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("LIBERO_TEST_DATA", ROOT.parent / "shared" / "libero"))
@@ -374,7 +374,7 @@ def test_eval_runs_every_task_and_init_state_once_with_named_videos(tmp_path):
             "actor.global_batch_size=4", "actor.micro_batch_size=4", "algorithm.update_epochs=1",
             f"runner.output_dir={tmp_path}", "runner.experiment_name=libero", "runner.max_epochs=1",
             "runner.val_check_interval=-1"]
-    embodied("train", args)
+    embodied("train", [*args, *ONE_RANK_EACH])  # the eval below is the one on 2 env workers
     videos = tmp_path / "videos"
     result, done = embodied("eval", [*args, f"runner.ckpt_path={tmp_path / 'libero' / 'checkpoints'}",
                                      "env.eval.video_cfg.save_video=true", "env.eval.video_cfg.per_episode=true",
