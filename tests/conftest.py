@@ -70,11 +70,12 @@ def no_shared_memory_left_behind():
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray cluster for the end-to-end runs made in this process (tests/runs.py
-    ``embodied``); each run's ``Cluster`` joins it instead of starting its own."""
+    ``embodied``); each run's ``Cluster`` joins it instead of starting its own. Yields its
+    address, for runs in subprocesses that may join it too (``Run(..., ray_address=)``)."""
     import ray
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    yield
+    yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -86,13 +87,17 @@ def tiny_config(folder: Path, env: str = "0", rollout: str = "1", actor: str = "
 
 
 class Run:
-    """``python -m embodied train ...`` in the background, its output in files."""
+    """``python -m embodied train ...`` in the background, its output in files. With
+    ``ray_address`` (the ``ray_session`` fixture's) the run joins that Ray cluster, as a second
+    driver, instead of starting one of its own: for runs whose workers die but whose driver
+    does not."""
 
-    def __init__(self, args: list[str], out: Path, name: str) -> None:
+    def __init__(self, args: list[str], out: Path, name: str, ray_address: str | None = None) -> None:
         self.stdout, self.stderr = out / f"{name}.out", out / f"{name}.err"
+        env = {**os.environ, "RAY_ADDRESS": ray_address} if ray_address else None
         with open(self.stdout, "w") as o, open(self.stderr, "w") as e:
             self.proc = subprocess.Popen([sys.executable, "-m", "embodied", "train", *args],
-                                         stdout=o, stderr=e)
+                                         stdout=o, stderr=e, env=env)
 
     def wait_for(self, predicate, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout

@@ -49,22 +49,23 @@ def kill_mid_run(run: Run, group: str, ckpts, after_step: int) -> None:
     torch.load(last / "actor" / "optimizer.pt", weights_only=False)
 
 
-def test_killed_env_rollout_and_actor_workers_end_the_run_and_resume_continues(tmp_path):
+def test_killed_env_rollout_and_actor_workers_end_the_run_and_resume_continues(tmp_path, ray_session):
     """One run after the other, each resuming the last one's checkpoint: kill an env worker,
-    then a rollout worker, then an actor rank; a last run finishes two more steps."""
+    then a rollout worker, then an actor rank; a last run finishes two more steps. (The runs
+    join the session's Ray cluster: their drivers do not die.)"""
     args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.resume_dir=auto",
                                                "runner.max_restarts=0", "algorithm.staleness_threshold=1",
                                                "algorithm.loss_type=decoupled_actor_critic"]
     ckpts = tmp_path / "tiny" / "checkpoints"
     step = 0
     for i, group in enumerate(("EnvGroup", "RolloutGroup", "ActorGroup")):
-        run = Run(args, tmp_path, f"run{i}")
+        run = Run(args, tmp_path, f"run{i}", ray_address=ray_session)
         if step:
             run.wait_for(lambda: f"resumed from {ckpts / f'global_step_{step}'} at step {step}"
                          in run.stdout.read_text())
         kill_mid_run(run, group, ckpts, step)
         step = checkpoint.read_trainer_state(checkpoint.latest(ckpts))["step"]
-    run = Run(args + [f"runner.max_epochs={step + 2}"], tmp_path, "last")
+    run = Run(args + [f"runner.max_epochs={step + 2}"], tmp_path, "last", ray_address=ray_session)
     code, err = run.finish(timeout=240)
     assert code == 0, err[-3000:]
     assert f"resumed from {ckpts / f'global_step_{step}'} at step {step}" in run.stdout.read_text()
@@ -92,7 +93,7 @@ def logged_steps(log_dir) -> list[int]:
     return sorted(steps)
 
 
-def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_path):
+def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_path, ray_session):
     """A simulator process of the env worker is SIGKILLed (as the OOM killer would), later an
     actor rank, later the other actor rank gets SIGABRT (what glibc's abort on heap corruption
     raises). Each time every group
@@ -102,7 +103,7 @@ def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_pa
     ended normally leave no file."""
     args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", "runner.max_epochs=80",
                                                "runner.save_interval=5"]
-    run = Run(args, tmp_path, "run")
+    run = Run(args, tmp_path, "run", ray_address=ray_session)
     log_dir, ckpts = tmp_path / "tiny", tmp_path / "tiny" / "checkpoints"
 
     def saved() -> int:
