@@ -15,6 +15,7 @@ import ast
 import json
 import operator
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -145,6 +146,7 @@ class ToolRunner:
             raise ConfigError(f"tool_response_truncate_side = {side!r}: expected one of {SIDES}")
         self.tools, self.timeout_s, self.max_output, self.side = tools, timeout_s, max_output, side
         self.counts = dict.fromkeys(("calls", "timeouts", "errors", "truncated"), 0)
+        self.seconds = 0.0  # wall time in tools: a share of the env's time that generation does not cause
 
     def __call__(self, response: str) -> Output | None:
         """The bounded output of the tool ``response`` calls, or None if it calls none."""
@@ -153,10 +155,12 @@ class ToolRunner:
             return None
         self.counts["calls"] += 1
         if isinstance(call, Call):
+            tic = time.monotonic()
             try:
                 call = self.tools[call.name].run(call.argument, self.timeout_s)
             except Exception as err:  # a tool's own bug fails the turn, never the run
                 call = Output(f"tool {call.name!r} failed: {type(err).__name__}: {err}", ERROR)
+            self.seconds += time.monotonic() - tic
         self.counts["timeouts"] += call.status == TIMEOUT
         self.counts["errors"] += call.status == ERROR
         text, cut = truncate(call.text, self.max_output, self.side)
@@ -164,5 +168,7 @@ class ToolRunner:
         return Output(text, call.status, cut)
 
     def pop_metrics(self) -> dict[str, float]:
+        """The counts, and ``tool_s``: the seconds spent in tools (a time, not a count per episode)."""
         counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
-        return {f"tool_{k}": float(v) for k, v in counts.items()}
+        seconds, self.seconds = self.seconds, 0.0
+        return {**{f"tool_{k}": float(v) for k, v in counts.items()}, "tool_s": seconds}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from core.errors import EnvSetupError
+from embodied.workers.env import _env_metrics
 from envs.agent import AgentEnv, describe
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -87,7 +88,11 @@ def test_tool_turns_keep_the_generated_ids_verbatim_and_mask_the_observations(tm
         assert spans == wanted
         observed = tok.decode([t for t, g in zip(ids, generated) if not g])
         assert expected_tool in observed and answer not in observed.replace(expected_tool, "")
-    assert env.pop_metrics()["tool_calls"] == 2.0
+    # as the env worker logs them: counts per episode, the tools' time (the sandboxed Python's
+    # process start included) in seconds beside the env's own
+    metrics = _env_metrics([env], "train", episodes=2)
+    assert metrics["train/tool_calls"] == 1.0 and "train/tool_s" not in metrics
+    assert 0.0 < metrics["time/train_tool_s"] < 30.0
 
 
 def test_skyrl_gyms_multi_turn_gsm8k_runs_unchanged_with_its_extras(tmp_path, tokenizers):

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.agent_learning import pretrain, train_args, write_problems
 from tests.runs import embodied
+from tests.test_pipeline import scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
@@ -28,3 +29,5 @@ def test_a_tiny_lm_learns_to_use_the_calculator(tmp_path):
     result, _ = embodied("train", ["--config-name", "agent_arithmetic_tools_tiny", *args])
     assert result["eval_success_before"] <= 0.1, result  # greedy answers directly, and wrongly
     assert result["eval_success"] >= result["eval_success_before"] + 0.25, result
+    tool_time = scalars(tmp_path / "agent", "time/train_tool_s")  # the calculator's share of the env's time
+    assert sorted(tool_time) == list(range(1, 13)) and sum(tool_time.values()) > 0

@@ -119,9 +119,13 @@ def test_the_runner_counts_calls_timeouts_errors_and_truncations():
     assert runner("<python>raise SystemExit(3)</python>").status == ERROR
     assert runner("<tool_call>not json</tool_call>").status == ERROR
     assert runner("no call here") is None
-    assert runner.pop_metrics() == {"tool_calls": 5.0, "tool_timeouts": 1.0, "tool_errors": 2.0,
-                                    "tool_truncated": 2.0}  # the long print and the malformed call's message
-    assert runner.pop_metrics()["tool_calls"] == 0.0
+    metrics = runner.pop_metrics()
+    seconds = metrics.pop("tool_s")
+    assert metrics == {"tool_calls": 5.0, "tool_timeouts": 1.0, "tool_errors": 2.0,
+                       "tool_truncated": 2.0}  # the long print and the malformed call's message
+    assert 1.0 <= seconds < 10.0  # the sleeper ran to its 1 s deadline
+    assert runner.pop_metrics() == dict.fromkeys(["tool_calls", "tool_timeouts", "tool_errors", "tool_truncated",
+                                                  "tool_s"], 0.0)
 
 
 def test_an_unknown_tool_or_side_is_a_config_error():

@@ -181,12 +181,15 @@ class EnvWorker(Worker):
 
 def _env_metrics(envs: list[Env], split: str, episodes: int) -> dict[str, float]:
     """An env's own counters (``pop_metrics``, e.g. the text env's unparsable responses), as
-    fractions of this call's episodes; ``prompts_filtered`` stays a count."""
+    fractions of this call's episodes; ``prompts_filtered`` stays a count, and the agent env's
+    ``tool_s`` (seconds in tools, part of the env's busy time) is logged as ``time/<split>_tool_s``."""
     totals: dict[str, float] = {}
     for env in envs:
         for key, value in env.pop_metrics().items():
             totals[key] = value if key == "prompts_filtered" else totals.get(key, 0.0) + value
-    return {f"{split}/{k}": v if k == "prompts_filtered" else v / max(episodes, 1) for k, v in totals.items()}
+    seconds = totals.pop("tool_s", None)
+    out = {f"{split}/{k}": v if k == "prompts_filtered" else v / max(episodes, 1) for k, v in totals.items()}
+    return out if seconds is None else {**out, f"time/{split}_tool_s": seconds}
 
 
 def _next_episodes(envs: list[Env]) -> np.ndarray:
