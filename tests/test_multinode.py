@@ -14,7 +14,7 @@ import torch
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from embodied import checkpoint
-from tests.runs import Run, embodied, tiny_config
+from tests.runs import Run, tiny_config
 from tests.test_pipeline import scalars
 
 pytestmark = pytest.mark.slow
@@ -22,11 +22,11 @@ STEPS = 3
 ASYNC = ["algorithm.staleness_threshold=1", "algorithm.loss_type=decoupled_actor_critic"]
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path):
-    # the single-node reference, in this process on the session's cluster
-    embodied("train", tiny_config(tmp_path / "c1") + [f"runner.output_dir={tmp_path / 'single'}",
-                                                      f"runner.max_epochs={STEPS}", *ASYNC])
+    single = Run(tiny_config(tmp_path / "c1") + [f"runner.output_dir={tmp_path / 'single'}",
+                                                 f"runner.max_epochs={STEPS}", *ASYNC], tmp_path, "single")
+    code, err = single.finish(timeout=240)
+    assert code == 0, err[-3000:]
 
     ray_cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
