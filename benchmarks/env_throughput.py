@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.maniskill import ManiSkillEnv, check_params, select_vulkan_driver  # noqa: E402
+from envs.maniskill import check_params, select_vulkan_driver  # noqa: E402
+from envs.maniskill_scene import ManiSkillEnv  # noqa: E402
 from envs.subproc import SubprocVectorEnv  # noqa: E402
 from embodied.config import load_env_config  # noqa: E402
 from envs import make_vector_env  # noqa: E402
@@ -105,7 +106,7 @@ def main() -> None:
                         max_episode_steps=cfg.max_episode_steps) for _ in range(n)]
            for n in args.envs}
     ours = {str(n): make_vector_env(cfg, num_envs=n) for n in args.envs}
-    lone = SubprocVectorEnv([_lone_env(cfg)], preload=["envs.maniskill"])
+    lone = SubprocVectorEnv([_lone_env(cfg)], preload=["envs.maniskill_scene"])
     ours["1 (subprocess)"] = VectorEnv(lone, **read_options(cfg, 1))
     parallelism = [cpu_parallelism()]
     rates = {c: {"raw": [], "ours": []} for c in configs}

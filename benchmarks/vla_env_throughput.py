@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.env_throughput import cpu_parallelism  # noqa: E402
 from embodied.config import load_env_config  # noqa: E402
 from envs import make_vector_env  # noqa: E402
-from envs.maniskill import check_params, make_kwargs  # noqa: E402
+from envs.maniskill import check_params  # noqa: E402
+from envs.maniskill_scene import make_kwargs  # noqa: E402
 
 CONFIGS = {"PushCube-v1": "maniskill_push_cube", "PickCube-v1": "maniskill_pick_cube"}
 

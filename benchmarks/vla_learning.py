@@ -61,7 +61,9 @@ def record_demos(out: Path, episodes: int, first_seed: int = FIRST_DEMO_SEED, nu
     from envs import make_vector_env
     from envs.maniskill_demos import TrajectoryWriter
     from envs.experts import push_cube
-    from envs.maniskill import PRIVILEGED_STATES, check_params, make_kwargs
+    from envs.maniskill import check_params
+    from envs.maniskill_scene import make_kwargs
+    from envs.protocol import PRIVILEGED_STATES
 
     cfg = load_env_config("maniskill_push_cube", [
         "init_params.obs_mode=rgb+state", "init_params.control_mode=pd_ee_delta_pos", "init_params.wrist_camera=null",

@@ -9,7 +9,7 @@ observations (``envs/demos.py`` says why and how readers check), and written by
 ``episode_id``, ``episode_seed``, ``reset_kwargs``, ``control_mode``, ``elapsed_steps``,
 ``success``). With cameras: ``main_images`` from ``obs/sensor_data/<main_camera>/rgb``,
 ``wrist_images`` from ``<wrist_camera>`` when the file has it (the adapter's "when the robot
-has it"), ``states`` from ``obs/agent`` then ``obs/extra`` (``envs.maniskill.proprio_states``)
+has it"), ``states`` from ``obs/agent`` then ``obs/extra`` (``envs.maniskill_scene.proprio_states``)
 or ``obs/states`` where this module's writer put that vector; files of an obs mode holding
 privileged state (``rgb+state``: object poses) are refused, as a VLA must not see it. Without
 cameras (``obs_mode: state``): ``states`` is the full state vector, a state-mode file's ``obs``,
@@ -57,7 +57,8 @@ class ManiSkillDemos(DemoFormat):
         return reads_state
 
     def writer(self, out: str, env: Any, env_cfg: Any, source: str) -> TrajectoryWriter:
-        from envs.maniskill import check_params, make_kwargs
+        from envs.maniskill import check_params
+        from envs.maniskill_scene import make_kwargs
 
         p = check_params(env_cfg.init_params)
         return TrajectoryWriter(out, env_id=p["id"], env_kwargs=make_kwargs(p, 1, env_cfg.max_episode_steps),
@@ -190,7 +191,7 @@ class ManiSkillFile(DemoFile):
         return keys
 
     def _proprio(self, episode: str, steps: int) -> np.ndarray:
-        from envs.maniskill import proprio_states
+        from envs.maniskill_scene import proprio_states
 
         group = self.file[episode]
         keys = self._proprio_keys(episode)
@@ -212,7 +213,7 @@ class TrajectoryWriter:
     (``obs/sensor_data/<camera>/rgb``, gzip as ManiSkill does), ``states`` and
     ``privileged_states`` (an ``rgb+state`` env's) to ``obs/states`` and
     ``obs/privileged_states``; the instruction goes to the episode's JSON entry. ``env_kwargs``
-    are the ``gym.make`` arguments that rebuild the env (``envs.maniskill.make_kwargs``), its
+    are the ``gym.make`` arguments that rebuild the env (``envs.maniskill_scene.make_kwargs``), its
     ``obs_mode`` the ManiSkill one the images come from (``rgb``)."""
 
     def __init__(self, path: str | Path, *, env_id: str, env_kwargs: Mapping[str, Any],

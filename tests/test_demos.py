@@ -49,7 +49,8 @@ def test_maniskills_own_recordings_read_as_the_adapter_shows_them(tmp_path):
     import gymnasium as gym
     from mani_skill.utils.wrappers import RecordEpisode
 
-    from envs.maniskill import check_params, make_kwargs
+    from envs.maniskill import check_params
+    from envs.maniskill_scene import make_kwargs
 
     cfg = load_env_config("maniskill_pick_cube", ["init_params.robot_uids=panda_wristcam",
                                                   "init_params.camera_heights=40", "init_params.camera_widths=56"])
@@ -86,7 +87,9 @@ def test_recording_keeps_the_successes_and_replays_to_the_same_pixels(tmp_path):
     replaying its actions in the adapter from its seed gives every recorded frame and state."""
     from mani_skill.trajectory.dataset import ManiSkillTrajectoryDataset
 
-    from envs.maniskill import PRIVILEGED_STATES, check_params, make_kwargs
+    from envs.maniskill import check_params
+    from envs.maniskill_scene import make_kwargs
+    from envs.protocol import PRIVILEGED_STATES
 
     env_cfg, reads_state = recording_env(load_env_config("maniskill_push_cube", PUSH), num_envs=2)
     assert reads_state and env_cfg.init_params.obs_mode == "rgb+state"

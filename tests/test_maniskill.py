@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from envs.experts import push_cube
-from envs.maniskill import TASK_DESCRIPTIONS, ManiSkillEnv, check_params, ManiSkillVectorEnv
+from envs.maniskill import TASK_DESCRIPTIONS, ManiSkillVectorEnv, check_params
+from envs.maniskill_scene import ManiSkillEnv
 from envs.subproc import SubprocVectorEnv
 from embodied.config import load_env_config
 from envs import make_vector_env
@@ -49,7 +50,7 @@ def push_sim():
     """Four PushCube envs (state obs, end-effector control) reused under several options."""
     params = check_params(load_env_config("maniskill_push_cube", PUSH).init_params)
     sim = SubprocVectorEnv([functools.partial(ManiSkillEnv, params, 50)] * 4,
-                           preload=["envs.maniskill"])
+                           preload=["envs.maniskill_scene"])
     yield sim
     sim.close()
 
@@ -286,7 +287,7 @@ def test_unsupported_control_mode_names_the_supported_ones():
 
 @pytest.mark.slow
 def test_missing_vulkan_device_says_how_to_fix_it(tmp_path):
-    script = ("from envs.maniskill import ManiSkillEnv, check_params\n"
+    script = ("from envs.maniskill import check_params\nfrom envs.maniskill_scene import ManiSkillEnv\n"
               "from embodied.config import load_env_config\n"
               "p = check_params(load_env_config('maniskill_push_cube').init_params)\n"
               "ManiSkillEnv(p, 50)\n")

@@ -9,7 +9,7 @@ import pytest
 
 from embodied.config import load_env_config
 from envs import make_vector_env
-from envs.maniskill import PRIVILEGED_STATES
+from envs.protocol import PRIVILEGED_STATES
 from envs.vector_env import EnvSetupError
 
 SMALL = ["init_params.camera_heights=32", "init_params.camera_widths=32", "init_params.robot_uids=panda_wristcam"]

@@ -281,7 +281,8 @@ def test_eval_checks_only_the_eval_env(tiny_l1, capsys):
 @pytest.mark.slow
 def test_maniskill_description_is_what_the_env_observes():
     """The driver's description (one scene, never rendered) against a real env's observation."""
-    from envs.maniskill import ManiSkillEnv, check_params
+    from envs.maniskill import check_params
+    from envs.maniskill_scene import ManiSkillEnv
 
     cfg = load_env_config("maniskill_pick_cube", ["init_params.robot_uids=panda_wristcam",
                                                   "init_params.camera_heights=32", "init_params.camera_widths=32"])
