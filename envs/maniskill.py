@@ -22,7 +22,7 @@ simplifies the visual meshes above it when a scene is built (envs/meshes.py).
 
 ManiSkill warns at every env construction that ``panda_wristcam`` is not among a task's supported
 robots; it is the Panda with a wrist camera, so for tasks that support ``panda`` the warning is
-dropped, and any other ManiSkill warning is shown once per process (``_QuietLog``).
+dropped, and any other ManiSkill warning is shown once per process (``maniskill_scene._QuietLog``).
 
 - ``cpu``: ManiSkill's CPU simulation holds one scene per env instance, so the envs run in
   subprocesses (``SubprocVectorEnv``: blocks of envs, one process per core unless
