@@ -118,8 +118,9 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
     assert (exported / "action_head--checkpoint.pt").exists() and not (exported / "lora_adapter").exists()
 
     videos = tmp_path / "videos"
+    two_env_workers = placed(actor="0", env="all", rollout="0")  # a video file per env worker
     result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
-                                     *l1_args(tmp_path, exported, "exported_eval", placed(actor="0", env="all", rollout="0")),
+                                     *l1_args(tmp_path, exported, "exported_eval", two_env_workers),
                                      "actor.model.is_lora=false",
                                      "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
