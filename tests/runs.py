@@ -77,6 +77,8 @@ def placed(**groups: str) -> list[str]:
 
 
 ONE_RANK_EACH = placed(actor="0", env="0", rollout="0")
+TWO_ACTOR_RANKS = placed(actor="all", env="0", rollout="0")  # FSDP2 sharding over gloo, per-rank state
+TWO_ENV_WORKERS = placed(actor="0", env="all", rollout="0")  # per-worker files, reset states split over workers
 
 
 def tiny_config(folder: Path, env: str = "0", rollout: str = "1", actor: str = "0-1") -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from embodied import checkpoint
-from tests.runs import ONE_RANK_EACH, embodied, placed
+from tests.runs import ONE_RANK_EACH, TWO_ACTOR_RANKS, TWO_ENV_WORKERS, embodied, placed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 TWO_RANKS_EACH = placed(actor="all", env="all", rollout="all")
@@ -59,7 +59,7 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert sorted(losses) == [1, 2]
 
     videos = tmp_path / "videos"
-    result, done = embodied("eval", tiny(tmp_path, placement=placed(actor="0", env="all", rollout="0")) + [
+    result, done = embodied("eval", tiny(tmp_path, placement=TWO_ENV_WORKERS) + [
         f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.video_cfg.save_video=true",
         f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4
@@ -114,8 +114,7 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
     steps = 6
     args = ["runner.max_epochs=6", "runner.save_interval=3", "runner.val_check_interval=2",
             "env.train.auto_reset=true", "env.train.ignore_terminations=true"]
-    ranks = placed(actor="all", env="0", rollout="0")  # two actor ranks: each restores its own state
-    command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", ranks), *args,
+    command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", TWO_ACTOR_RANKS), *args,
                "runner.resume_dir=auto"]
     log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
     with open(tmp_path / "killed.err", "w") as err:
@@ -144,8 +143,8 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
         assert f"resumed from {ckpts / 'global_step_3'} at step 3" in done.stdout
         (resumed,) = set((log / "tensorboard").iterdir()) - before
 
-        done = subprocess.run([*command[:4], *tiny(tmp_path, "straight", ranks), *args], capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run([*command[:4], *tiny(tmp_path, "straight", TWO_ACTOR_RANKS), *args],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         straight = json.loads(done.stdout.strip().splitlines()[-1])
         assert straight["env_steps"] == steps * 4 * 10

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from embodied import checkpoint
 from policies.openvla_oft.tiny import norm_stats, tiny_config, write_tiny_checkpoint
-from tests.runs import ONE_RANK_EACH, embodied, placed
+from tests.runs import ONE_RANK_EACH, TWO_ACTOR_RANKS, TWO_ENV_WORKERS, embodied
 from tests.test_pipeline import scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
@@ -44,7 +44,7 @@ def lora_weights(step_dir):
 
 def test_ppo_lora_trains_and_the_rollout_acts_with_the_new_adapter(tmp_path, tiny_vla):
     result, _ = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft", "runner.max_epochs=2",
-                                   *vla_args(tmp_path, tiny_vla, "ppo", placed(actor="all", env="0", rollout="0"))])
+                                   *vla_args(tmp_path, tiny_vla, "ppo", TWO_ACTOR_RANKS)])
     assert result["env_steps"] == 2 * 4 * 16
     log = tmp_path / "ppo"
     assert all(math.isfinite(v) for v in scalars(log, "actor/total_loss").values())
@@ -118,9 +118,8 @@ def test_l1_head_checkpoint_trains_resumes_exports_and_evaluates(tmp_path, tiny_
     assert (exported / "action_head--checkpoint.pt").exists() and not (exported / "lora_adapter").exists()
 
     videos = tmp_path / "videos"
-    two_env_workers = placed(actor="0", env="all", rollout="0")  # a video file per env worker
     result, done = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft",
-                                     *l1_args(tmp_path, exported, "exported_eval", two_env_workers),
+                                     *l1_args(tmp_path, exported, "exported_eval", TWO_ENV_WORKERS),
                                      "actor.model.is_lora=false",
                                      "env.eval.video_cfg.save_video=true", f"env.eval.video_cfg.video_base_dir={videos}"])
     assert result["episodes"] == 4 and [t["episodes"] for t in result["tasks"].values()] == [4]
@@ -133,7 +132,7 @@ def test_a_full_fine_tune_resumes_though_some_parameters_never_had_a_gradient(tm
     (OpenVLA takes the second-to-last block's output): its parameters have no optimizer state, in
     the checkpoint as in the run. A resumed run continues the first one's steps (a soak's restart
     failed here: 'Missing optimizer state for parameter ...')."""
-    args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full", placed(actor="all", env="0", rollout="0")),
+    args = ["--config-name", "maniskill_ppo_openvla_oft", *vla_args(tmp_path, tiny_vla, "full", TWO_ACTOR_RANKS),
             "actor.model.is_lora=false"]
     embodied("train", [*args, "runner.max_epochs=1"])
     first = checkpoint.latest(tmp_path / "full" / "checkpoints")

@@ -259,8 +259,8 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
                           "host memory needs CUDA and actor.fsdp_config.cpu_offload")
     if fsdp.cpu_offload and {"weight", "optimizer"} & set(offloaded_parts(cfg, "actor")):
         # (the parts are listed weight, optimizer, grad: the key named turns on one that moves)
-        raise ConfigError(f"{_offload_setting(cfg, 'actor')}: not supported with actor.fsdp_config.cpu_offload, because the actor's state "
-                          "already lives in host memory")
+        raise ConfigError(f"{_offload_setting(cfg, 'actor')}: not supported with actor.fsdp_config.cpu_offload, "
+                          "because the actor's state already lives in host memory")
 
 
 def _offload_setting(cfg: DictConfig, role: str) -> str | None:
