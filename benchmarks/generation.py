@@ -83,7 +83,7 @@ def write_model(name: str, folder: Path) -> int:
 def model_cfg(folder: Path, new_tokens: int, **over) -> dict:
     cfg = dict(model_type="causal_lm", model_path=str(folder), action_dim=new_tokens, num_action_chunks=1,
                value_type="chunk_level", max_prompt_length=PROMPT_TOKENS, add_value_head=False, do_sample=True,
-               temperature=1.0, top_k=-1, top_p=1.0, repetition_penalty=1.0, min_new_tokens=new_tokens,
+               temperature=1.0, top_k=-1, top_p=1.0, repetition_penalty=1.0, min_new_tokens=new_tokens, stop=None,
                tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False, eos_token_id=None,
                pad_token_id=None, precision="fp32", is_lora=False, lora_rank=8, lora_path=None,
                attn_implementation="sdpa", trust_remote_code=False, low_cpu_mem_usage=True,

@@ -66,8 +66,9 @@ def make_models(folder: Path) -> dict[str, Path]:
 def policy_cfg(path: Path, response: int, prompt: int, **over) -> dict:
     cfg = dict(model_type="causal_lm", model_path=str(path), action_dim=response, num_action_chunks=1,
                value_type="chunk_level", max_prompt_length=prompt, add_value_head=False, do_sample=True,
-               temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, min_new_tokens=1, tokenizer_model=None,
-               tokenizer_use_fast=True, tokenizer_trust_remote_code=False, eos_token_id=None, pad_token_id=None,
+               temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, min_new_tokens=1, stop=None,
+               tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False, eos_token_id=None,
+               pad_token_id=None,
                precision="fp32", is_lora=False, lora_rank=4, lora_path=None, attn_implementation="sdpa",
                trust_remote_code=False, low_cpu_mem_usage=True, gradient_checkpointing=False)
     cfg.update(over)

@@ -170,4 +170,6 @@ def rollout_unread_keys(cfg: Any) -> dict[str, str]:
     engines = POLICIES.declared(cfg.actor.model.model_type)["rollout"]
     if backend not in engines:  # no such engine for this model: check_rollout says so
         return {}
-    return {f"rollout.{key}": why for key, why in load(engines[backend]).refused_rollout_keys.items()}
+    critic = {"actor.model.add_value_head": f"rollout.backend {backend} computes no values (PPO's critic reads "
+                                            "the rollout policy's hidden states); use rollout.backend huggingface"}
+    return critic | {f"rollout.{key}": why for key, why in load(engines[backend]).refused_rollout_keys.items()}

@@ -13,8 +13,12 @@ Token-in, token-out: the response ids are appended verbatim (never decoded and r
 observation ids come from the chat template applied to the new messages alone, sliced off a
 fixed base conversation (with ``use_conversation_multi_turn: false``, SkyRL's single-message layout,
 from the observation text as is). So observation tokens only ever sit in the context of later
-turns, never in a turn's action, and never train. A turn's reward is that step's reward (on its
-last generated token, at the token level); an outcome-only game rewards the last turn.
+turns, never in a turn's action, and never train. A response ends at EOS, at a stop string
+(``algorithm.sampling_params.stop``, e.g. a tool call's closing tag: the rollout sends ``NO_TOKEN``
+after it) or at the length limit; without EOS, the env closes the assistant message as the
+template does (EOS and what follows it, added as observation ids, never trained). A turn's reward
+is that step's reward (on its last generated token, at the token level); an outcome-only game
+rewards the last turn.
 
 An episode ends when the game says done (terminated), after ``max_turns`` turns, or when the
 next observation would overflow the context (both truncated; the latter counted as
@@ -39,7 +43,7 @@ from core.description import EnvDescription
 from core.errors import DataError, EnvSetupError
 from core.registry import load
 from envs.protocol import ResetStates
-from envs.text import left_padded, load_tokenizer, read_jsonl, token_actions
+from envs.text import left_padded, load_tokenizer, read_jsonl, response_ids, token_actions
 from envs.vector_env import read_options
 
 DRIFT_CHECKS = ("off", "warn", "strict")
@@ -109,6 +113,15 @@ class Conversation:
             self.after_eos = answered[end + 1:]
         else:
             self.after_eos = []
+
+    def closing(self, ended: bool) -> list[int]:
+        """The ids between a response and the next observation, as the chat template puts them:
+        what follows an EOS (e.g. a newline), and the EOS too for a response that ended without
+        one (at a stop string or the length limit). The env adds them, so the policy never trains
+        on them; without a template, or in SkyRL's single-message layout, there are none."""
+        if not (self.multi_turn and self.templated):
+            return []
+        return self.after_eos if ended else [self.eos, *self.after_eos]
 
     def _template(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
@@ -242,7 +255,7 @@ class AgentEnv:
         return {"input_ids": ids, "attention_mask": mask, "task_descriptions": self.task_descriptions}
 
     def chunk_step(self, actions: np.ndarray):
-        """One turn: ``actions[B, 1, L]`` are the responses (token ids, EOS then padding)."""
+        """One turn: ``actions[B, 1, L]`` are the responses (token ids, then EOS or ``NO_TOKEN``)."""
         if not self.episodes:
             raise RuntimeError("chunk_step before reset(): call reset() first")
         actions = token_actions(actions, self.num_envs)
@@ -252,10 +265,9 @@ class AgentEnv:
         for i, (episode, seq) in enumerate(zip(self.episodes, actions[:, 0].astype(np.int64))):
             if episode.done:
                 continue
-            ended = np.flatnonzero(seq == self.eos)
-            response = seq[:ended[0] + 1] if ended.size else seq
-            text = self.tokenizer.decode(response[:ended[0]] if ended.size else response, skip_special_tokens=True)
-            rewards[i], terminated[i], truncated[i] = self._turn(episode, response.tolist(), bool(ended.size), text)
+            response, ended = response_ids(seq, self.eos)
+            text = self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True)
+            rewards[i], terminated[i], truncated[i] = self._turn(episode, response, ended, text)
         done = terminated | truncated
         success = done & (rewards > 0)
         infos = {"success": success, "success_once": success,
@@ -267,8 +279,6 @@ class AgentEnv:
     def _turn(self, episode: Episode, response: list[int], ended: bool, text: str) -> tuple[float, bool, bool]:
         """The game's answer to one response: ``(reward, terminated, truncated)``."""
         episode.add(response, generated=True)
-        if ended and self.conversation.multi_turn:  # SkyRL's single-message layout appends text as is
-            episode.add(self.conversation.after_eos, generated=False)
         episode.messages.append({"role": "assistant", "content": text})
         episode.ended.append(ended)
         episode.turns += 1
@@ -288,7 +298,7 @@ class AgentEnv:
             return self._end(episode, reward, terminated=True)
         if episode.turns >= self.max_turns:
             return self._end(episode, reward, terminated=False)
-        ids = self.conversation.observation(observations)
+        ids = self.conversation.closing(ended) + self.conversation.observation(observations)
         if len(episode.ids) + len(ids) > self.width:
             self._counts["context_truncated"] += 1
             return self._end(episode, reward, terminated=False)

@@ -26,6 +26,9 @@ CAMERA_KEYS = ("main_images", "wrist_images")
 # Object and goal poses for a scripted expert or a state policy (ManiSkill's obs_mode rgb+state,
 # LIBERO's init_params.privileged_states); VLAs never read them
 PRIVILEGED_STATES = "privileged_states"
+# The actions of a variable-length action (a text response) past its end, as envs receive them:
+# the rollout worker writes it where the policy's token mask is false (after EOS or a stop string)
+NO_TOKEN = -1
 
 
 def video_keys(keys: Any) -> tuple[str, ...]:

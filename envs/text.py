@@ -38,7 +38,7 @@ import numpy as np
 
 from core.description import EnvDescription
 from core.errors import DataError, EnvSetupError
-from envs.protocol import ResetStates
+from envs.protocol import NO_TOKEN, ResetStates
 from envs.vector_env import read_options
 from envs.verifier import TIMEOUT, UNPARSABLE, Verifier
 
@@ -195,6 +195,18 @@ def left_padded(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np
     return ids, mask
 
 
+def response_ids(seq: np.ndarray, eos: int) -> tuple[list[int], bool]:
+    """One response's ids, as generated: up to and including the first EOS, or up to the first
+    ``NO_TOKEN`` (a response that ended at a stop string, or at the length limit); and whether
+    it ended with EOS."""
+    seq = np.asarray(seq, np.int64)
+    end = np.flatnonzero((seq == eos) | (seq == NO_TOKEN))
+    if not end.size:
+        return seq.tolist(), False
+    ended = bool(seq[end[0]] == eos)
+    return seq[:end[0] + ended].tolist(), ended
+
+
 def token_actions(actions: np.ndarray, num_envs: int) -> np.ndarray:
     """A text env's actions: one response of token ids per env, ``[num_envs, 1, L]``."""
     actions = np.asarray(actions)
@@ -286,18 +298,16 @@ class TextEnv:
                 "task_descriptions": self.task_descriptions}
 
     def responses(self, actions: np.ndarray) -> tuple[list[str], np.ndarray]:
-        """Decoded responses (up to the first EOS) and their lengths in tokens (EOS included)."""
-        tokens = np.asarray(actions).reshape(self.num_envs, -1).astype(np.int64)
+        """Decoded responses and their lengths in tokens (EOS included)."""
         texts, lengths = [], np.zeros(self.num_envs, np.int32)
-        for row, seq in enumerate(tokens):
-            stop = np.flatnonzero(seq == self.eos)
-            end = int(stop[0]) if stop.size else len(seq)
-            lengths[row] = end + 1 if stop.size else end
-            texts.append(self.tokenizer.decode(seq[:end].tolist(), skip_special_tokens=True))
+        for row, seq in enumerate(np.asarray(actions).reshape(self.num_envs, -1)):
+            response, ended = response_ids(seq, self.eos)
+            lengths[row] = len(response)
+            texts.append(self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True))
         return texts, lengths
 
     def chunk_step(self, actions: np.ndarray):
-        """Score the responses ``actions[B, 1, L]`` (token ids, EOS then padding); ends every episode."""
+        """Score the responses ``actions[B, 1, L]`` (token ids, then EOS or ``NO_TOKEN``); ends every episode."""
         if not self._current:
             raise RuntimeError("chunk_step before reset(): call reset() first")
         actions = token_actions(actions, self.num_envs)

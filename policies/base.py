@@ -44,14 +44,6 @@ from core.errors import CheckpointError, ConfigError, expected
 from policies.weights import check_keys, full_tensor, is_writer
 
 MODEL_FILE = "model.pt"
-# Keys outside actor.model that reach a policy through its model file (``${...}``) only when it
-# has the capability; a policy without it refuses them when set (``Policy.unread_keys``).
-TEXT_GENERATION_KEYS = ("algorithm.sampling_params.top_p", "algorithm.sampling_params.repetition_penalty",
-                        "algorithm.sampling_params.min_new_tokens", "algorithm.sampling_params.max_new_tokens",
-                        "runner.seq_length", "rollout.eos", "rollout.padding")
-TOKEN_SAMPLING_KEYS = ("algorithm.sampling_params.temperature", "algorithm.sampling_params.temperature_eval",
-                       "algorithm.sampling_params.top_k",
-                       "actor.model.temperature", "actor.model.top_k")
 
 
 @dataclass
@@ -101,8 +93,6 @@ class Policy(nn.Module, ABC):
     # command line sets them (e.g. a longer prompt for a new env's instructions).
     checkpoint_defaults: ClassVar[tuple[str, ...]] = ()
     refused_keys: ClassVar[dict[str, str]] = {}
-    generates_text: ClassVar[bool] = False  # reads TEXT_GENERATION_KEYS and actor.tokenizer
-    reads_task_prompt: ClassVar[bool] = False  # reads runner.max_prompt_length
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__()
@@ -159,36 +149,20 @@ class Policy(nn.Module, ABC):
         check_keys(own, {k: tuple(v.shape) for k, v in saved.items()}, f"{key}: checkpoint {file}")
 
     @classmethod
-    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
-        """Whether these options sample token logits (and so read TOKEN_SAMPLING_KEYS)."""
-        return False
-
-    @classmethod
     def unread_keys(cls, cfg: Mapping[str, Any]) -> dict[str, str]:
-        """Keys these options leave unread, with why (the config layer refuses them when set):
-        those of capabilities the policy lacks, and options of its own that only other choices
-        read (e.g. a head's options with another head)."""
-        kind = cfg["model_type"]
-        head = cfg.get("action_distribution") or cfg.get("action_head")
-        out: dict[str, str] = {}
-        if not cls.generates_text:
-            out |= dict.fromkeys(TEXT_GENERATION_KEYS, f"{kind} does not generate text (causal_lm does)")
-            out["actor.tokenizer"] = f"{kind} reads the tokenizer saved in its checkpoint"
-        if not cls.samples_tokens(cfg):
-            out |= dict.fromkeys(TOKEN_SAMPLING_KEYS, f"{kind}{f' with the {head} head' if head else ''} "
-                                                      "samples no token logits")
-        if not cls.reads_task_prompt:
-            out["runner.max_prompt_length"] = f"{kind} reads no task description prompt (openvla_oft does)"
+        """Keys that these options leave unread though the model type reads them under others
+        (e.g. a head's options with another head), with why; the config layer refuses them when
+        set, beside the keys that only other model types read (``reads`` in policies/__init__.py)."""
         if not cfg.get("is_lora"):
-            out["actor.model.lora_path"] = "a LoRA adapter needs actor.model.is_lora true"
-        return out
+            return {"actor.model.lora_path": "a LoRA adapter needs actor.model.is_lora true"}
+        return {}
 
     # ----------------------------------------------------------------- rollout
     @abstractmethod
     def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
         """Choose actions for a batch of observations (sampled, or greedy with ``do_sample=False``);
         ``temperature`` replaces the policy's own for this call (evaluation's
-        ``temperature_eval``) where it samples token logits (``samples_tokens``)."""
+        ``temperature_eval``) where it samples token logits."""
 
     @property
     def has_value_head(self) -> bool:

@@ -15,10 +15,15 @@ shape which tokens are sampled (as generation engines report log-probs).
 With ``is_lora`` the attention and MLP projections get LoRA adapters (``policies/lora.py``,
 alpha = rank); the base weights stay frozen and ``adapters_disabled`` gives the reference policy.
 
-Checkpoints: full fine-tuning saves ``model.pt`` (the ``Policy`` default); a LoRA run saves only
-the adapter, as peft lays it out (``lora_adapter/adapter_config.json`` and
-``adapter_model.safetensors``: ``PeftModel.from_pretrained(base, folder)`` loads it, and so does
-``actor.model.lora_path``), since nothing else trains.
+With ``add_value_head`` (PPO, ``algorithm.adv_type: gae``) a value head (``policies/value_head.py``)
+reads the last layer's hidden state at the prompt's last token: one value per step (a turn of an
+agent episode), trained with the policy (LoRA adapters or all weights) at ``actor.optim.value_lr``.
+
+Checkpoints: full fine-tuning saves ``model.pt`` (the ``Policy`` default, the value head
+included); a LoRA run saves only what trains: the adapter, as peft lays it out
+(``lora_adapter/adapter_config.json`` and ``adapter_model.safetensors``:
+``PeftModel.from_pretrained(base, folder)`` loads it, and so does ``actor.model.lora_path``), and
+the value head beside it (``value_head.pt``).
 """
 
 from __future__ import annotations
@@ -33,20 +38,20 @@ from torch import Tensor
 
 from core.errors import CheckpointError, expected
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
-from policies.causal_core import (LORA_KEYS, LORA_TARGETS, MODEL_KEYS, NO_VALUE_HEAD, SAMPLING_KEYS, TOKENIZER_KEYS,
+from policies.causal_core import (LORA_KEYS, LORA_TARGETS, MODEL_KEYS, SAMPLING_KEYS, TOKENIZER_KEYS,
                                   check_length, model_folder, one_response_per_step, prompt_start, sampling_options,
-                                  special_tokens, token_columns)
-from policies.weights import DTYPES
+                                  special_tokens, stop_strings, token_columns)
+from policies.value_head import ValueHead
+from policies.weights import DTYPES, full_tensor, is_writer
+
+VALUE_FILE = "value_head.pt"  # a LoRA run's value head, beside its adapter
+
 
 class CausalLMPolicy(Policy):
-    config_keys = (*MODEL_KEYS, *TOKENIZER_KEYS, *LORA_KEYS, *SAMPLING_KEYS, "attn_implementation", "low_cpu_mem_usage")
-    refused_keys = NO_VALUE_HEAD
-    checkpoint_keys = ("model_type", "model_path", "tokenizer_model", "is_lora", "lora_rank", "lora_path")
-    generates_text = True
-
-    @classmethod
-    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
-        return True
+    config_keys = (*MODEL_KEYS, *TOKENIZER_KEYS, *LORA_KEYS, *SAMPLING_KEYS, "attn_implementation", "low_cpu_mem_usage",
+                   "add_value_head", "value_head_hidden_sizes")
+    checkpoint_keys = ("model_type", "model_path", "tokenizer_model", "is_lora", "lora_rank", "lora_path",
+                       "add_value_head", "value_head_hidden_sizes")
 
     @classmethod
     def check_config(cls, cfg: Mapping[str, Any]) -> None:
@@ -71,6 +76,10 @@ class CausalLMPolicy(Policy):
             if rank != cfg["lora_rank"]:
                 raise expected("actor.model.lora_rank", cfg["lora_rank"],
                                f"{rank}, the rank of the LoRA run in {key}={adapter / ADAPTER_CONFIG}")
+            held = (folder / VALUE_FILE).is_file()
+            if held != bool(cfg["add_value_head"]):
+                raise expected("actor.model.add_value_head", cfg["add_value_head"],
+                               f"{held}: {key}={folder} {'holds' if held else 'has no'} a value head ({VALUE_FILE})")
         elif not (folder / MODEL_FILE).is_file():
             if adapter.is_dir():
                 raise CheckpointError(f"{key}: {adapter} holds a LoRA run's adapter but actor.model.is_lora is false; "
@@ -95,7 +104,15 @@ class CausalLMPolicy(Policy):
 
             model = apply_lora(model, LORA_TARGETS, cfg["lora_rank"], cfg["lora_rank"], cfg.get("lora_path"))
         self.model = model
+        self.value_head = None
+        if cfg["add_value_head"]:
+            if self.value_type != "chunk_level":
+                raise expected("actor.model.value_type", self.value_type, "chunk_level with causal_lm (one value per "
+                               "response: algorithm.reward_type chunk_level)")
+            self.value_head = ValueHead(model.config.hidden_size, tuple(cfg["value_head_hidden_sizes"]), 1).to(
+                DTYPES[cfg["precision"]])
         self.sampling = sampling_options(cfg)
+        self.stop = stop_strings(cfg, path)
         self.temperature = float(cfg["temperature"])
 
     @property
@@ -113,6 +130,29 @@ class CausalLMPolicy(Policy):
         self.hf_model.gradient_checkpointing_enable({"use_reentrant": False})
         return list(self.hf_model.model.layers)
 
+    @property
+    def has_value_head(self) -> bool:
+        return self.value_head is not None
+
+    def value_parameters(self) -> list[torch.nn.Parameter]:
+        return [] if self.value_head is None else list(self.value_head.parameters())
+
+    def _value(self, hidden: Tensor) -> Tensor:
+        return self.value_head(hidden).squeeze(-1).float()
+
+    @torch.no_grad()
+    def values(self, obs: Mapping[str, Any]) -> Tensor | None:
+        """The value of each prompt, from the decoder alone (no logits)."""
+        if self.value_head is None:
+            return None
+        ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).to(self.device)
+        mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).to(self.device)
+        start = prompt_start(mask)
+        ids, mask = ids[:, start:], mask[:, start:]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.hf_model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions)
+        return self._value(hidden.last_hidden_state[:, -1]).cpu()
+
     def frozen_reference(self):
         """With LoRA the base model, adapters off; else None (the actor keeps a frozen copy)."""
         from policies.lora import adapters_disabled
@@ -121,7 +161,7 @@ class CausalLMPolicy(Policy):
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         ids = torch.as_tensor(obs["input_ids"], dtype=torch.long).to(self.device, copy=True)
         mask = torch.as_tensor(obs["attention_mask"], dtype=torch.long).to(self.device, copy=True)
@@ -138,16 +178,22 @@ class CausalLMPolicy(Policy):
             max_new_tokens=self.max_new_tokens, min_new_tokens=s["min_new_tokens"], do_sample=do_sample, **sampling,
             repetition_penalty=s["repetition_penalty"], eos_token_id=self.eos, pad_token_id=self.pad,
             output_logits=True, return_dict_in_generate=True)
-        out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config)
+        # a row also ends at a stop string
+        stopping = StoppingCriteriaList([self.stop.criteria(ids.shape[1] - start)] if self.stop else [])
+        out = self.model.generate(input_ids=ids[:, start:], attention_mask=mask[:, start:], generation_config=config,
+                                  stopping_criteria=stopping)
         tokens = out.sequences[:, ids.shape[1] - start:]
         logprobs = _token_logprobs(torch.stack(out.logits, dim=1).float() / temperature, tokens)
         response_mask = _response_mask(tokens, self.eos)
+        if self.stop:
+            ends = self.stop.lengths(tokens).to(tokens.device)
+            response_mask *= torch.arange(tokens.shape[1], device=tokens.device)[None] < ends[:, None]
         width = self.max_new_tokens - tokens.shape[1]
         tokens = F.pad(tokens, (0, width), value=self.pad)
         logprobs = F.pad(logprobs * response_mask, (0, width))
         response_mask = F.pad(response_mask, (0, width))
         inputs = {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}
-        return ActOutput(tokens[:, None], logprobs[:, None], None, inputs, response_mask[:, None].bool())
+        return ActOutput(tokens[:, None], logprobs[:, None], self.values(obs), inputs, response_mask[:, None].bool())
 
     def evaluate(self, forward_inputs: Mapping[str, Tensor], actions: Tensor) -> EvaluateOutput:
         ids, mask = forward_inputs["input_ids"].long(), forward_inputs["attention_mask"].long()
@@ -158,8 +204,12 @@ class CausalLMPolicy(Policy):
         full = torch.cat([ids[:, start:], tokens[:, :stop]], dim=1)
         attention = torch.cat([mask[:, start:], torch.ones_like(tokens[:, :stop])], dim=1)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=full, attention_mask=attention, position_ids=positions).logits
-        logits = logits[:, prompt_width - 1:-1].float() / self.temperature
+        out = self.model(input_ids=full, attention_mask=attention, position_ids=positions,
+                         output_hidden_states=self.value_head is not None)
+        # the value of the prompt: the last layer's state at its last token, as ``values`` reads it
+        # (a fresh tensor, as below)
+        values = None if self.value_head is None else self._value(out.hidden_states[-1][:, prompt_width - 1]).clone()
+        logits = out.logits[:, prompt_width - 1:-1].float() / self.temperature
         logp = torch.log_softmax(logits, dim=-1)
         logprobs = logp.gather(-1, tokens[:, :stop, None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
@@ -167,7 +217,7 @@ class CausalLMPolicy(Policy):
         # fresh tensors, not views: FSDP2's backward hooks on a returned view break under in-place ops
         logprobs = F.pad(logprobs * response_mask[:, :stop], (0, width))[:, None].clone()
         entropy = F.pad(entropy * response_mask[:, :stop], (0, width))[:, None].clone()
-        return EvaluateOutput(logprobs, entropy, None)
+        return EvaluateOutput(logprobs, entropy, values)
 
 
     @torch.no_grad()
@@ -187,6 +237,10 @@ class CausalLMPolicy(Policy):
             from policies.lora import ADAPTER_DIR, save_adapter
 
             save_adapter(self.model, Path(path) / ADAPTER_DIR)
+            if self.value_head is not None:
+                state = {k: full_tensor(v) for k, v in self.value_head.state_dict().items()}
+                if is_writer():
+                    torch.save(state, Path(path) / VALUE_FILE)
         else:
             super().save_checkpoint(path)
 
@@ -210,11 +264,17 @@ class CausalLMPolicy(Policy):
             raise CheckpointError(f"{file} is missing (actor.model.is_lora is true: a LoRA run's checkpoint)")
         # peft's file names drop the policy's ``model.`` prefix and the adapter name
         names = {k.removeprefix("model.").replace(".default.", "."): (k, tuple(p.shape))
-                 for k, p in self.named_parameters() if p.requires_grad}
+                 for k, p in self.model.named_parameters(prefix="model") if p.requires_grad}
         saved = load_file(str(file))
         check_keys({f: shape for f, (_, shape) in names.items()}, {k: tuple(v.shape) for k, v in saved.items()},
                    f"LoRA adapter {file}")
-        return {names[k][0]: v for k, v in saved.items()}
+        state = {names[k][0]: v for k, v in saved.items()}
+        if self.value_head is not None:
+            heads = torch.load(path / VALUE_FILE, map_location="cpu", weights_only=True)
+            check_keys({k: tuple(v.shape) for k, v in self.value_head.state_dict().items()},
+                       {k: tuple(v.shape) for k, v in heads.items()}, f"value head {path / VALUE_FILE}")
+            state |= {f"value_head.{k}": v for k, v in heads.items()}
+        return state
 
 
 def _token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ import pytest
 from core.errors import EnvSetupError
 from embodied.workers.env import _env_metrics
 from envs.agent import AgentEnv, describe
+from envs.protocol import NO_TOKEN
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -212,6 +213,33 @@ def test_a_response_without_eos_and_an_overflowing_context_end_the_episode_trunc
     _, _, terminated, truncated, _ = env.chunk_step(responses(env, ["<calculator>1+1</calculator>"] * 2, eos=False))
     assert truncated[:, 0].all() and not terminated.any()
     assert env.pop_metrics()["context_truncated"] == 2
+
+
+@pytest.mark.parametrize("layout", ["chatml", "plain"])
+def test_a_response_that_ended_at_a_stop_string_is_kept_as_generated_and_closed_by_the_env(tmp_path, tokenizers,
+                                                                                            layout):
+    """Past a stop string (``algorithm.sampling_params.stop``) the rollout sends ``NO_TOKEN``: the
+    env keeps the response's ids alone, runs its tool call, and with a chat template closes the
+    message as the template does (EOS and what follows it, not generated), so the strict drift
+    check agrees with the ids kept."""
+    env = AgentEnv(agent_cfg(write_rows(tmp_path / "rows.jsonl", ARITHMETIC), tokenizers[layout]), 2)
+    env.reset()
+    calls = ["<calculator>123*45</calculator>", "<calculator>17*19</calculator>"]
+    ids = [env.tokenizer(t, add_special_tokens=False)["input_ids"] for t in calls]
+    actions = np.full((2, 1, 48), NO_TOKEN)
+    for i, row in enumerate(ids):
+        actions[i, 0, :len(row)] = row
+    before = [len(e.ids) for e in env.episodes]
+    _, rewards, terminated, truncated, _ = env.chunk_step(actions)
+    assert not terminated.any() and not truncated.any() and rewards[:, 0].tolist() == [0.0, 0.0]
+    closing = [env.eos, *env.conversation.after_eos] if layout == "chatml" else []
+    for i, (episode, answer) in enumerate(zip(env.episodes, ("=5535\n", "=323\n"))):
+        new, generated = episode.ids[before[i]:], env.generated_mask(i)[before[i]:]
+        assert new[:len(ids[i])] == ids[i] and generated[:len(ids[i])] == [1] * len(ids[i])
+        assert not any(generated[len(ids[i]):]) and new[len(ids[i]):len(ids[i]) + len(closing)] == closing
+        assert answer in env.tokenizer.decode(new[len(ids[i]):])
+        assert episode.messages[-2] == {"role": "assistant", "content": calls[i]}
+    assert "drift" not in env.pop_metrics()
 
 
 def test_drift_check_strict_names_the_position_and_warn_counts(tmp_path, tokenizers):

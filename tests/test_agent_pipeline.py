@@ -1,7 +1,8 @@
 """Agent episodes through the whole pipeline (Ray, env / rollout / actor workers, FSDP2 over two
 gloo ranks): skyrl-gym's gsm8k_multi_turn, unchanged, on a parquet dataset in SkyRL's layout,
 trains a few GRPO steps with finite metrics, and the episodes the eval logged keep their ids
-token by token: the chat template's prompt, each response verbatim, each observation templated."""
+token by token: the chat template's prompt, each response verbatim up to its EOS or stop string,
+each observation templated; PPO with a value head trains on the same episodes."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from tests.test_agent_env import CHATML
 pytestmark = pytest.mark.slow
 QUESTIONS = [("Tom has 3 apples and buys 4. How many?", "7"), ("What is 2+2?", "4"), ("Half of 10?", "5"),
              ("Ann had 9 pens and lost 2. How many?", "7")]
+STOP = ["a", "e", "o"]
 FOLLOW_UP = ("Please provide your step-by-step reasoning, and also include a tentative numeric answer at the "
              "end in the exact format: '#### ANSWER'.")
 
 
 @pytest.fixture(scope="module")
-def skyrl_run(tmp_path_factory, ray_session):
+def skyrl_files(tmp_path_factory):
+    """A tiny chat model and gsm8k_multi_turn rows in SkyRL's layout; the arguments that run them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -41,15 +44,25 @@ def skyrl_run(tmp_path_factory, ray_session):
             for q, a in QUESTIONS]
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
     (root / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = [f"actor.model.model_path={root / 'model'}", f"data.train_data_paths=[{root / 'train.parquet'}]",
-            f"data.val_data_paths=[{root / 'val.jsonl'}]", f"runner.output_dir={root / 'out'}",
+    args = ["--config-name", "agent_arithmetic_tools_tiny", f"actor.model.model_path={root / 'model'}",
+            f"data.train_data_paths=[{root / 'train.parquet'}]", f"data.val_data_paths=[{root / 'val.jsonl'}]",
             "env.train.init_params.game=gsm8k_multi_turn", "env.eval.init_params.game=gsm8k_multi_turn",
             "env.train.init_params.tools=[]", "env.eval.init_params.tools=[]",
             "env.train.max_episode_steps=2", "env.eval.max_episode_steps=2", "runner.max_epochs=2",
-            "runner.val_check_interval=2", "data.rollout_batch_size=2", "algorithm.group_size=4",
-            "data.val_rollout_batch_size=4", "data.max_prompt_length=320", "runner.seq_length=352",
-            "actor.micro_batch_size=8", "actor.global_batch_size=16"]
-    result, _ = embodied("train", ["--config-name", "agent_arithmetic_tools_tiny", *args])
+            "data.rollout_batch_size=2", "algorithm.group_size=4", "data.val_rollout_batch_size=4",
+            "data.max_prompt_length=320", "runner.seq_length=352", "actor.micro_batch_size=8",
+            "actor.global_batch_size=16"]
+    return root, tok, args
+
+
+@pytest.fixture(scope="module")
+def skyrl_run(skyrl_files, ray_session):
+    root, tok, args = skyrl_files
+    result, _ = embodied("train", [
+        *args, f"runner.output_dir={root / 'out'}", "runner.val_check_interval=2",
+        # responses end at EOS, at the length limit, or at a stop string (most of them here: the
+        # evaluation samples, where the greedy random model would only ever repeat one character)
+        f"algorithm.sampling_params.stop=[{','.join(STOP)}]", "algorithm.sampling_params.temperature_eval=1.0"])
     return result, root / "out" / "agent_arithmetic_tools_tiny", tok
 
 
@@ -68,7 +81,7 @@ def test_logged_episodes_keep_their_ids_token_by_token(skyrl_run):
     _, run, tok = skyrl_run
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples
-    eos, width = tok.eos_token_id, 352 - 320
+    eos, width, stopped = tok.eos_token_id, 352 - 320, 0
     for sample in samples:
         ids, generated = sample["ids"], sample["generated"]
         assert len(ids) == len(generated) and sample["turns"] == sum(
@@ -84,8 +97,30 @@ def test_logged_episodes_keep_their_ids_token_by_token(skyrl_run):
                                             tokenize=True, return_dict=True)["input_ids"]
         assert kind == 0 and prompt == templated
         for (kind, response), after in zip(runs[1::2], [*runs[2::2], (0, [])]):
-            assert kind == 1 and (response[-1] == eos or len(response) == width)
-            assert eos not in response[:-1]  # the response ends at its first EOS
-            if after[1]:  # the separator after an EOS, then the game's next message, templated
-                text = "\n" * (response[-1] == eos) + f"<|im_start|>user\n{FOLLOW_UP}<|im_end|>\n<|im_start|>assistant\n"
+            # a response ends at its first EOS, at the length limit, or after the token that
+            # completes a stop string
+            text, before = (tok.decode(r, skip_special_tokens=True) for r in (response, response[:-1]))
+            assert not any(s in before for s in STOP) and eos not in response[:-1]
+            assert kind == 1 and (response[-1] == eos or len(response) == width or any(s in text for s in STOP))
+            stopped += response[-1] != eos and any(s in text for s in STOP)
+            if after[1]:  # the message closed (by the env where no EOS closed it), the game's next one templated
+                text = "<|im_end|>" * (response[-1] != eos) + f"\n<|im_start|>user\n{FOLLOW_UP}<|im_end|>\n" \
+                       "<|im_start|>assistant\n"
                 assert after[1] == tok(text, add_special_tokens=False)["input_ids"]
+    assert stopped > 0
+
+
+def test_ppo_on_multi_turn_episodes_trains_a_critic_over_the_turns(skyrl_files, ray_session, tmp_path):
+    """PPO (``algorithm.adv_type: gae``, a value head on the causal LM) on the same episodes: a
+    value for each turn's context, GAE over the turns of each episode (bootstrapped where an
+    episode is cut at max_turns), the critic trained beside the policy with finite figures."""
+    from tests.test_pipeline import scalars
+
+    _, _, args = skyrl_files
+    embodied("train", [*args, f"runner.output_dir={tmp_path}", "runner.val_check_interval=-1",
+                       "runner.val_before_train=false", "algorithm.adv_type=gae", "actor.model.add_value_head=true"])
+    run = tmp_path / "agent_arithmetic_tools_tiny"
+    assert scalars(run, "train/turns")[2] > 1  # several turns per episode
+    for tag in ("critic/value_loss", "critic/explained_variance", "actor/policy_loss"):
+        values = scalars(run, tag)
+        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), tag

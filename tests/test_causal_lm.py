@@ -13,11 +13,11 @@ from policies.causal_lm import CausalLMPolicy
 def _cfg(model, **over):
     cfg = dict(model_type="causal_lm", model_path=str(model), action_dim=4, num_action_chunks=1,
                value_type="chunk_level", max_prompt_length=8, add_value_head=False, do_sample=True,
-               temperature=1.0, top_k=1000000, top_p=1.0, repetition_penalty=1.0, min_new_tokens=1,
+               temperature=1.0, top_k=1000000, top_p=1.0, repetition_penalty=1.0, min_new_tokens=1, stop=None,
                tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False,
                eos_token_id=None, pad_token_id=None, precision="fp32", is_lora=False, lora_rank=4,
                lora_path=None, attn_implementation="sdpa", trust_remote_code=False, low_cpu_mem_usage=True,
-               gradient_checkpointing=False)
+               gradient_checkpointing=False, value_head_hidden_sizes=[])
     cfg.update(over)
     return cfg
 
@@ -192,3 +192,85 @@ def test_the_shared_core_finds_the_token_columns_and_checks_what_every_causal_lm
     assert eos == tokenizer.eos_token_id is not None
     assert pad == (tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
     assert causal_core.special_tokens(cfg | {"eos_token_id": 3, "pad_token_id": 5}, tiny_math["model"]) == (3, 5)
+
+
+def _a_stop_string(tokenizer, out) -> str:
+    """Two characters that some of ``out``'s responses hold and some do not."""
+    from collections import Counter
+
+    texts = [tokenizer.decode(row[keep], skip_special_tokens=True)
+             for row, keep in zip(out.actions[:, 0], out.token_mask[:, 0])]
+    pairs = Counter(p for t in texts for p in {t[i:i + 2] for i in range(len(t) - 1)})
+    return next(p for p, count in pairs.most_common() if count < len(texts) and p.strip() == p)
+
+
+def test_a_stop_string_ends_a_response_after_the_token_that_completes_it(policy, tiny_math):
+    """``algorithm.sampling_params.stop``: each response ends after the first token whose text
+    completes a stop string (checked here on the decoded text), with the tokens and log-probs it
+    would have had without the stop, padding after it; training recomputes the same log-probs."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
+    obs = _obs(tiny_math)
+    plain = policy.act(obs, do_sample=False)
+    stop = _a_stop_string(tokenizer, plain)
+    stopping = CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.7, stop=[stop]))
+    out = stopping.act(obs, do_sample=False)
+    full, cut = plain.token_mask[:, 0].sum(-1), out.token_mask[:, 0].sum(-1)
+    assert (cut < full).any() and (cut <= full).all()
+    for row, (n, whole) in enumerate(zip(cut.tolist(), full.tolist())):
+        tokens = out.actions[row, 0]
+        assert torch.equal(tokens[:n], plain.actions[row, 0, :n])
+        assert torch.allclose(out.logprobs[row, 0, :n], plain.logprobs[row, 0, :n])
+        assert (tokens[n:] == stopping.pad).all() and (out.logprobs[row, 0, n:] == 0).all()
+        text = tokenizer.decode(tokens[:n], skip_special_tokens=True)
+        if n < whole:  # its last token completes the stop string, the ones before do not
+            assert stop in text and stop not in tokenizer.decode(tokens[:n - 1], skip_special_tokens=True)
+        else:
+            assert stop not in text
+    again = stopping.evaluate(out.forward_inputs, out.actions)
+    assert (again.logprobs - out.logprobs).abs().max() < 1e-5
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm.sampling_params.stop = '</a>': expected a list of non-empty"):
+        CausalLMPolicy(_cfg(tiny_math["model"], stop="</a>"))
+
+
+def test_a_value_head_reads_the_prompts_last_hidden_state_and_keeps_with_the_adapter(tiny_math, tmp_path):
+    """PPO's critic on the causal LM: act, ``values`` (the decoder alone) and ``evaluate`` (the
+    training forward) give each prompt the same value, whatever its padding; the value head
+    trains with the LoRA adapters, is part of the weight sync, and a LoRA checkpoint keeps it
+    beside the adapter (a full fine-tune's model.pt holds it); a checkpoint read with the other
+    add_value_head is refused naming the key."""
+    from core.errors import ConfigError
+
+    cfg = _cfg(tiny_math["model"], add_value_head=True, value_head_hidden_sizes=[16], is_lora=True)
+    torch.manual_seed(0)
+    policy = CausalLMPolicy(cfg)
+    obs = _obs(tiny_math)
+    out = policy.act(obs)
+    assert out.values.shape == (32,) and out.values.std() > 0
+    assert torch.allclose(policy.values(obs), out.values, atol=1e-5)
+    assert torch.allclose(policy.values(_obs(tiny_math, width=12)), out.values, atol=1e-5)
+    again = policy.evaluate(out.forward_inputs, out.actions)
+    assert torch.allclose(again.values, out.values, atol=1e-5)
+    again.values.square().sum().backward()
+    heads = {f"value_head.{k}" for k, _ in policy.value_head.named_parameters()}
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.value_parameters())
+    assert heads <= set(policy.trainable_state_dict()) and not policy.trains_all_weights()
+
+    policy.save_checkpoint(tmp_path / "lora")
+    assert (tmp_path / "lora" / "value_head.pt").is_file()
+    torch.manual_seed(1)
+    fresh = CausalLMPolicy(cfg)
+    assert not torch.allclose(fresh.values(obs), out.values)
+    fresh.load_trainable_state_dict(fresh.read_checkpoint(tmp_path / "lora"))
+    assert torch.allclose(fresh.values(obs), out.values, atol=1e-6)
+    CausalLMPolicy.check_checkpoint(cfg, tmp_path / "lora", "runner.ckpt_path")
+    with pytest.raises(ConfigError, match=r"^actor.model.add_value_head = False: expected True: runner.ckpt_path=.* "
+                                          r"holds a value head \(value_head.pt\)$"):
+        CausalLMPolicy.check_checkpoint(cfg | {"add_value_head": False}, tmp_path / "lora", "runner.ckpt_path")
+
+    full = CausalLMPolicy(cfg | {"is_lora": False})
+    full.save_checkpoint(tmp_path / "full")
+    assert heads <= set(torch.load(tmp_path / "full" / "model.pt", weights_only=True))

@@ -31,7 +31,7 @@ ENGINE_OPTIONS = {"gpu_memory_utilization": 0.5, "enforce_eager": True, "max_run
 def _cfg(model, **over):
     cfg = dict(model_type="causal_lm", model_path=str(model), action_dim=6, num_action_chunks=1,
                value_type="chunk_level", max_prompt_length=12, add_value_head=False, do_sample=True,
-               temperature=1.0, top_k=1000000, top_p=1.0, repetition_penalty=1.0, min_new_tokens=0,
+               temperature=1.0, top_k=1000000, top_p=1.0, repetition_penalty=1.0, min_new_tokens=0, stop=None,
                tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False,
                eos_token_id=None, pad_token_id=None, precision="fp32", is_lora=False, lora_rank=4,
                lora_path=None, attn_implementation="sdpa", trust_remote_code=False, low_cpu_mem_usage=True,
@@ -125,6 +125,37 @@ def test_greedy_equals_hf_greedy(engine, hf, tiny_math):
     ours, theirs = engine.act(obs, do_sample=False), hf.act(obs, do_sample=False)
     assert torch.equal(ours.actions, theirs.actions)
     assert torch.equal(ours.token_mask, theirs.token_mask)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_stop_string_ends_engine_responses_where_it_ends_hf_ones(engine, hf, tiny_math):
+    """The engine generates past a stop string; its tokens after it are dropped as the Hugging Face
+    policy ends there: greedy, the same tokens and masks; sampled, each response ends after the
+    first token whose text completes it."""
+    from transformers import AutoTokenizer
+
+    from tests.test_causal_lm import _a_stop_string
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
+    obs = _obs(tiny_math)
+    stop = _a_stop_string(tokenizer, hf.act(obs, do_sample=False))
+    stopping = CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.7, stop=[stop]))
+    engine.stop = stopping.stop
+    try:
+        ours, theirs = engine.act(obs, do_sample=False), stopping.act(obs, do_sample=False)
+        assert torch.equal(ours.actions, theirs.actions) and torch.equal(ours.token_mask, theirs.token_mask)
+        assert (ours.token_mask.sum(-1) < hf.act(obs, do_sample=False).token_mask.sum(-1)).any()
+        torch.manual_seed(2)
+        sampled = engine.act(obs)
+    finally:
+        engine.stop = None
+    for row, keep in zip(sampled.actions[:, 0], sampled.token_mask[:, 0]):
+        n = int(keep.sum())
+        text = tokenizer.decode(row[:n], skip_special_tokens=True)
+        assert stop not in tokenizer.decode(row[:n - 1], skip_special_tokens=True)
+        assert stop in text or n == 6 or row[n - 1] == hf.eos
+        assert (row[n:] == hf.pad).all()
 
 
 @needs_vllm

@@ -2,10 +2,12 @@
 two ranks): greedy validation inside real env workers scores exactly what the model scores in
 process (math-verify works there), a shortened training run clearly raises held-out accuracy,
 LoRA with a KL to the adapters-off reference trains and checkpoints its peft adapter, which
-embodied-eval and resume read, and pass@k comes per file from validation and embodied-eval."""
+embodied-eval and resume read, pass@k comes per file from validation and embodied-eval, and PPO
+trains a value head on the causal LM."""
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -124,6 +126,23 @@ def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):
         assert sorted(scalars(tmp_path / "passk", tag)) == [0, 1], tag  # before training and at step 1
     assert scalars(tmp_path / "passk", "eval_pass_k/success_once")[1] == pytest.approx(sampled["success"])
     assert "  sampled: pass@k" in done.stdout and "  test: pass@k" in done.stdout
+
+
+def test_ppo_trains_a_value_head_on_the_causal_lm(tiny_math, tmp_path):
+    """``algorithm.adv_type: gae`` with ``actor.model.add_value_head``: the critic reads the
+    prompt's last hidden state and learns the rewards of the warm-started model's answers (its
+    value loss falls and it explains part of the returns' variance) while the policy trains."""
+    from statistics import mean
+
+    from tests.test_pipeline import scalars
+
+    args = _math(tiny_math, tmp_path, "ppo", *ONE_RANK_EACH, "runner.max_epochs=15", "runner.val_check_interval=-1",
+                 "runner.val_before_train=false", "algorithm.adv_type=gae", "actor.model.add_value_head=true")
+    _embodied("train", args)
+    loss, explained = (scalars(tmp_path / "ppo", f"critic/{k}") for k in ("value_loss", "explained_variance"))
+    assert sorted(loss) == list(range(1, 16)) and all(math.isfinite(v) for v in loss.values())
+    assert mean(loss[s] for s in range(11, 16)) < 0.8 * mean(loss[s] for s in range(1, 4)), loss
+    assert mean(explained[s] for s in range(11, 16)) > 0.05, explained
 
 
 def test_megatron_backend_learns_like_fsdp(tiny_math, fsdp_learning, tmp_path):

@@ -109,9 +109,9 @@ def hf_policy(path: Path):
 
     cfg = megatron_cfg(path)
     cfg.update(add_value_head=False, do_sample=True, top_k=1000000, top_p=1.0, repetition_penalty=1.0,
-               min_new_tokens=1, tokenizer_model=None, tokenizer_use_fast=True, tokenizer_trust_remote_code=False,
-               eos_token_id=None, pad_token_id=None, lora_rank=4, lora_path=None, attn_implementation="sdpa",
-               trust_remote_code=False, low_cpu_mem_usage=True)
+               min_new_tokens=1, stop=None, tokenizer_model=None, tokenizer_use_fast=True,
+               tokenizer_trust_remote_code=False, eos_token_id=None, pad_token_id=None, lora_rank=4, lora_path=None,
+               attn_implementation="sdpa", trust_remote_code=False, low_cpu_mem_usage=True)
     return CausalLMPolicy(cfg)
 
 

@@ -255,10 +255,12 @@ REFUSALS = [
     ("maniskill_ppo_mlp", ["actor.model.n_action_bins=16"],
      "actor.model.n_action_bins: not supported here, because the gaussian head has no bins"),
     ("maniskill_ppo_mlp", ["algorithm.sampling_params.top_k=5"],
-     "algorithm.sampling_params.top_k: not supported here, because mlp with the gaussian head samples no token logits"),
+     "algorithm.sampling_params.top_k: not supported here, because actor.model.model_type mlp does not read it "
+     "(causal_lm or openvla_oft do: top-k filtering of sampled tokens)"),
     ("maniskill_ppo_mlp", ["data.seed=3"], "data.seed: not supported here, because only text or agent envs"),
     ("maniskill_ppo_mlp", ["algorithm.sampling_params.temperature_eval=0.5"],
-     "algorithm.sampling_params.temperature_eval: not supported here, because mlp with the gaussian head samples no"),
+     "algorithm.sampling_params.temperature_eval: not supported here, because actor.model.model_type mlp does not "
+     "read it (causal_lm or openvla_oft do"),
     ("maniskill_grpo_mlp", ["algorithm.huber_delta=1.0"],
      "algorithm.huber_delta: not supported here, because algorithm.adv_type grpo does not read it (gae does: "),
     ("maniskill_grpo_mlp", ["algorithm.gae_lambda=0.9"],
@@ -277,14 +279,22 @@ REFUSALS = [
      "algorithm.gae_lambda: not supported here, because algorithm.loss_type sft computes no advantages"),
     ("maniskill_ppo_mlp", ["actor.model.is_lora=true"], "actor.model.is_lora: not supported: LoRA adapters"),
     ("maniskill_ppo_openvla_oft", ["actor.model.action_head=l1_regression", "algorithm.sampling_params.temperature=0.5"],
-     "algorithm.sampling_params.temperature: not supported here, because openvla_oft with the l1_regression head"),
+     "algorithm.sampling_params.temperature: not supported here, because the l1_regression head samples no token "
+     "logits (the discrete head does)"),
     ("maniskill_ppo_openvla_oft", ["actor.tokenizer.use_fast=false"],
-     "actor.tokenizer.use_fast: not supported here, because openvla_oft reads the tokenizer saved in its checkpoint"),
+     "actor.tokenizer.use_fast: not supported here, because actor.model.model_type openvla_oft does not read it "
+     "(causal_lm does: its own tokenizer; the others read the one saved in their checkpoint)"),
+    ("maniskill_ppo_mlp", ["runner.max_prompt_length=64"],
+     "runner.max_prompt_length: not supported here, because actor.model.model_type mlp does not read it "
+     "(openvla_oft does: the tokens of a task description)"),
     ("maniskill_ppo_openvla_oft", ["actor.model.trust_remote_code=true"],
      "actor.model.trust_remote_code: not supported: remote code"),
     ("maniskill_ppo_openvla_oft", ["actor.model.is_lora=false", "actor.model.lora_path=/tmp"],
      "actor.model.lora_path: not supported here, because a LoRA adapter needs actor.model.is_lora true"),
-    ("math_grpo_tiny", ["actor.model.add_value_head=true"], "actor.model.add_value_head: not supported: a value head"),
+    ("math_grpo_tiny", ["actor.model.add_value_head=true", "rollout.backend=vllm"],
+     "actor.model.add_value_head: not supported here, because rollout.backend vllm computes no values"),
+    ("math_grpo_tiny", ["actor.model.add_value_head=true", "actor.training_backend=megatron"],
+     "actor.model.add_value_head: not supported here, because actor.training_backend megatron trains no value head"),
     ("math_grpo_tiny", ["rollout.gpu_memory_utilization=0.9"],
      "rollout.gpu_memory_utilization: not supported here, because rollout.backend is huggingface"),
     ("maniskill_ppo_mlp", ["algorithm.n_minibatches=2"], "algorithm.n_minibatches: not supported: setting the updates per batch"),
@@ -316,6 +326,36 @@ def test_a_key_of_another_model_names_the_models_that_read_it():
     with pytest.raises(ConfigError, match=r"^actor.model.model_path: not supported by this config's model_type, "
                                           r"because only causal_lm, openvla_oft read it$"):
         compose("maniskill_ppo_mlp", ["actor.model.model_path=/tmp"])
+
+
+@pytest.mark.parametrize("config", ["math_grpo_tiny", "maniskill_ppo_openvla_oft"])
+def test_a_model_type_reads_the_keys_it_declares(config):
+    """Each key outside the model's options that a model type declares (``reads`` in
+    policies/__init__.py) changes, when set, what its policy class is built from, or is one the
+    rollout worker reads for it (the eval temperature); leaves refused under every model type
+    (``actor.tokenizer.padding_side: right``) aside."""
+    from embodied.workers.rollout import CONFIG_KEYS as ROLLOUT_READS
+
+    cfg = compose(config)
+    kind = cfg.actor.model.model_type
+    own = {k for c in POLICIES.get(kind).__mro__ for k in vars(c).get("config_keys", ())}
+
+    def built_from(cfg):
+        model = OmegaConf.to_container(cfg.actor.model, resolve=True)
+        return {k: model.get(k) for k in own}
+
+    before = built_from(cfg)
+    for declared in POLICIES.reads(kind):
+        leaves = [k for k in schema.leaves(kind) if k == declared or k.startswith(declared + ".")]
+        assert leaves, f"{kind} declares {declared}, which the schema lacks"
+        for key in leaves:
+            if key in ROLLOUT_READS or refused.refusal(key):  # refused under every model (tokenizer_type)
+                continue
+            value = OmegaConf.select(cfg, key)
+            changed = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v / 2 + 0.125,
+                       str: lambda v: v + "x", type(None): lambda v: 7}[type(value)](value)
+            assert built_from(compose(config, [f"{key}={changed}"])) != before, \
+                f"{kind} declares {key}, but setting it changes none of its options"
 
 
 def test_task_type_picks_the_checks():

@@ -11,6 +11,7 @@ import pytest
 
 from envs.arithmetic import make_problems
 from envs.text import DataError, TextEnv, load_prompts, load_tokenizer, read_records
+from envs.protocol import NO_TOKEN
 from envs.vector_env import EnvSetupError
 from envs.verifier import CHUNK, CORRECT, TIMEOUT, UNPARSABLE, WRONG, Verifier, score_one
 from envs.arithmetic import read_jsonl
@@ -264,6 +265,20 @@ def test_responses_end_at_the_configured_eos(tiny_math):
         e.reset()
     assert env.chunk_step(tokens)[1][:, 0].tolist() == [-2.0] * 8  # '<answer>+7' is not the answer
     assert custom.eos == stop and custom.chunk_step(tokens)[1][:, 0].tolist() == [2.0] * 8
+
+
+def test_a_response_that_ended_at_a_stop_string_is_scored_up_to_it(tiny_math):
+    """Past a stop string the rollout sends ``NO_TOKEN``, not padding: the env scores the tokens
+    before it (no EOS to cut at) and counts them as the response's length."""
+    env = TextEnv(_env_cfg(tiny_math), num_envs=8)
+    env.reset()
+    rows = read_jsonl(tiny_math["data"] / "test.jsonl")
+    tokens = np.full((8, 1, 6), NO_TOKEN)
+    answers = [env.tokenizer(row["answer"])["input_ids"] for row in [rows[0]] * 4 + [rows[1]] * 4]
+    for i, seq in enumerate(answers):
+        tokens[i, 0, :len(seq)] = seq
+    assert env.responses(tokens)[1].tolist() == [len(seq) for seq in answers]
+    assert env.chunk_step(tokens)[1][:, 0].tolist() == [2.0] * 8
 
 
 def test_apply_chat_template_false_keeps_the_prompt_text_as_it_is(tiny_math, tmp_path):

@@ -138,7 +138,9 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
     """Keys that only some models, heads, envs, training backends, losses or estimators read, with
     why this config's do not; None marks a key read here under a node that is not
     (``data.demo_paths`` of an SFT run, whose other ``data`` keys are the text env's)."""
-    out = POLICIES.get(cfg.actor.model.model_type).unread_keys(OmegaConf.to_container(cfg.actor.model, resolve=True))
+    model = cfg.actor.model.model_type
+    options = OmegaConf.to_container(cfg.actor.model, resolve=True)
+    out = POLICIES.unread(model) | POLICIES.get(model).unread_keys(options)
     out |= backends.unread_keys(cfg)
     types = {split: cfg.env[split].get("env_type") for split in schema.ENV_SPLITS if cfg.env[split]}
     types = {split: name for split, name in types.items() if name in ENVS}

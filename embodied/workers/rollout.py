@@ -16,6 +16,7 @@ from embodied.batch import Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key, replay_key
 from embodied.worker import Worker
+from envs.protocol import NO_TOKEN
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.model.do_sample", "algorithm.sampling_params.temperature_eval")
@@ -106,7 +107,8 @@ class RolloutWorker(Worker):
                         record["values"].append(self.policy.values(message["obs"]))
                     continue
                 out = self.policy.act(message["obs"], do_sample=do_sample, temperature=temperature)
-                self.channel.put(action_key(self.cfg, split, *stream), out.actions.cpu().numpy())
+                actions = out.actions if out.token_mask is None else out.actions.masked_fill(~out.token_mask, NO_TOKEN)
+                self.channel.put(action_key(self.cfg, split, *stream), actions.cpu().numpy())
                 if train and self.probe is None:
                     self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},
                                   "actions": out.actions[:PROBE_ROWS].clone()}

@@ -33,7 +33,8 @@ from torch import Tensor
 from core.errors import ConfigError
 from policies.base import MODEL_FILE, ActOutput, EvaluateOutput, Policy, model_option
 from policies.causal_core import (LORA_KEYS, LORA_TARGETS, MODEL_KEYS, SAMPLING_KEYS, TOKENIZER_KEYS, check_length,
-                                  model_folder, one_response_per_step, sampling_options, special_tokens)
+                                  model_folder, one_response_per_step, sampling_options, special_tokens,
+                                  stop_strings)
 from policies.engines.probe import SYNC_TOLERANCE, ProbeBatch, SyncMismatchError, sync_gap
 from policies.engines.weights import SyncLayout
 from policies.weights import DTYPES
@@ -101,6 +102,7 @@ class EnginePolicy(Policy):
         check_length(self.max_model_len, getattr(model_config, "max_position_embeddings", None), self.path, extra=1,
                      why=f"rollout.backend={self.backend} scores whole sequences after each weight sync")
         self.sampling = sampling_options(cfg)
+        self.stop = stop_strings(cfg, self.path)  # applied to the engine's tokens (act), the same as Hugging Face's
         self.temperature = float(cfg["temperature"])
         lora = (LORA_TARGETS, int(cfg["lora_rank"]), cfg.get("lora_path")) if cfg["is_lora"] else None
         self.layout = SyncLayout(self.path, self.trust_remote_code, self.dtype, lora)
@@ -178,7 +180,10 @@ class EnginePolicy(Policy):
         for row, c in enumerate(completions):
             tokens[row, :len(c.tokens)] = torch.tensor(c.tokens, dtype=torch.long)
             logprobs[row, :len(c.tokens)] = torch.tensor(c.logprobs)
+        if self.stop:  # the engine generated past the stop string: those tokens are dropped
+            lengths = torch.minimum(lengths, self.stop.lengths(tokens))
         response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
+        tokens = tokens.masked_fill(response_mask == 0, self.pad)
         inputs = {"input_ids": ids, "attention_mask": mask, "response_mask": response_mask}
         return ActOutput(tokens[:, None], (logprobs * response_mask)[:, None], None, inputs,
                          response_mask[:, None].bool())

@@ -82,4 +82,6 @@ class MegatronBackend(TrainingBackend):
     def refused(cls, cfg: Any) -> dict[str, str]:
         return {"actor.model.is_lora": "actor.training_backend megatron has no LoRA (Megatron-Core has none for "
                                        "its tensor-parallel layers, and peft wraps torch Linear layers); train "
-                                       "LoRA with actor.training_backend fsdp"}
+                                       "LoRA with actor.training_backend fsdp",
+                "actor.model.add_value_head": "actor.training_backend megatron trains no value head (its GPT model "
+                                              "has none here); PPO's critic trains with actor.training_backend fsdp"}

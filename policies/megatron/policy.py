@@ -25,7 +25,7 @@ from torch import Tensor
 
 from core.errors import ConfigError
 from policies.base import ActOutput, EvaluateOutput, Policy, model_option
-from policies.causal_core import MODEL_KEYS, NO_VALUE_HEAD, token_columns
+from policies.causal_core import MODEL_KEYS, token_columns
 from policies.megatron import checkpoint, training, vocab_parallel
 from policies.megatron.model import (
     MegatronOptions,
@@ -49,7 +49,9 @@ class MegatronCausalLMPolicy(Policy):
                    "activation", "normalization", "position_embedding_type", "attention_softmax_in_fp32",
                    "use_cpu_initialization", "megatron_checkpoint", "apply_rope_fusion", "bias_dropout_fusion",
                    "persist_layer_norm", "bias_activation_fusion", "gradient_accumulation_fusion")
-    refused_keys = {**NO_VALUE_HEAD, "is_lora": LORA}
+    refused_keys = {"add_value_head": "a value head, because the Megatron causal LM has none (PPO's critic trains "
+                                      "with actor.training_backend fsdp; GRPO needs none)",
+                    "is_lora": LORA}
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__(cfg)

@@ -22,7 +22,7 @@ from policies.openvla_oft.config import PolicyOptions
 from policies.openvla_oft.normalization import resolve_unnorm_key
 from policies.openvla_oft.preprocess import prompt_ids
 from policies.openvla_oft.projector import ProprioProjector
-from policies.openvla_oft.value_head import ValueHead
+from policies.value_head import ValueHead
 from policies.weights import check_keys, listing
 
 

@@ -57,7 +57,7 @@ from policies.openvla_oft.normalization import (
     unnormalize_actions,
 )
 from policies.openvla_oft.preprocess import as_uint8_images, build_prompts, normalize_images, prepare_images
-from policies.openvla_oft.value_head import ValueHead
+from policies.value_head import ValueHead
 from policies.weights import DTYPES, CheckpointError, check_keys, full_tensor, is_writer
 
 INPUT_KEYS = ("input_ids", "attention_mask", "images", "proprio")
@@ -91,7 +91,6 @@ class OpenVLAOFTPolicy(Policy):
                        "unnorm_key", "value_head_hidden_sizes", "center_crop", "lora_rank", "lora_alpha",
                        "lora_target_modules", "lora_path", "num_images_in_input", "max_prompt_length")
     checkpoint_defaults = ("max_prompt_length",)  # positions count real tokens: padding changes nothing
-    reads_task_prompt = True
     refused_keys = {
         "low_cpu_mem_usage": "low_cpu_mem_usage, because openvla_oft builds its modules itself and "
                              "loads the weights into them",
@@ -149,14 +148,15 @@ class OpenVLAOFTPolicy(Policy):
             self.load_state_dict(rl_state, strict=False)
 
     @classmethod
-    def samples_tokens(cls, cfg: Mapping[str, Any]) -> bool:
-        return cfg["action_head"] == "discrete"
-
-    @classmethod
     def unread_keys(cls, cfg: Mapping[str, Any]) -> dict[str, str]:
+        from policies import TOKEN_SAMPLING
+
         out = super().unread_keys(cfg)
-        if cfg["action_head"] != "l1_regression":
-            out["actor.model.init_log_std"] = f"the {cfg['action_head']} head has no Gaussian std"
+        head = cfg["action_head"]
+        if head != "discrete":
+            out |= dict.fromkeys(TOKEN_SAMPLING, f"the {head} head samples no token logits (the discrete head does)")
+        if head != "l1_regression":
+            out["actor.model.init_log_std"] = f"the {head} head has no Gaussian std"
         return out
 
     @classmethod

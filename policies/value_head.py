@@ -1,4 +1,5 @@
-"""The critic of an OpenVLA-OFT policy: an MLP on the hidden state before the first action token."""
+"""The critic head of the policies that read a language model's hidden state (OpenVLA-OFT, the
+causal LM): an MLP on one hidden state."""
 
 from __future__ import annotations
 
