@@ -32,6 +32,7 @@ decoded conversation: ``strict`` stops at the first differing position, ``warn``
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,10 @@ class AgentEnv:
         self._counts: dict[str, float] = defaultdict(float)
         self._game_metrics: dict[type, list[dict[str, Any]]] = defaultdict(list)
         self._samples: list[dict[str, Any]] = []
+        parallel = params["parallel_turns"]
+        if not isinstance(parallel, int) or parallel < 1:
+            raise EnvSetupError(f"env.*.init_params.parallel_turns = {parallel!r}: expected an integer >= 1")
+        self._pool = ThreadPoolExecutor(min(parallel, num_envs), "agent-turn") if parallel > 1 else None
 
     @property
     def task_descriptions(self) -> list[str]:
@@ -262,12 +267,24 @@ class AgentEnv:
         rewards = np.zeros(self.num_envs, np.float32)
         terminated = np.zeros(self.num_envs, bool)
         truncated = np.zeros(self.num_envs, bool)
+        turns = []
         for i, (episode, seq) in enumerate(zip(self.episodes, actions[:, 0].astype(np.int64))):
-            if episode.done:
-                continue
-            response, ended = response_ids(seq, self.eos)
-            text = self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True)
-            rewards[i], terminated[i], truncated[i] = self._turn(episode, response, ended, text)
+            if not episode.done:
+                response, ended = response_ids(seq, self.eos)
+                text = self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True)
+                turns.append((i, episode, response, ended, text))
+        for i, episode, response, ended, text in turns:
+            episode.add(response, generated=True)
+            episode.messages.append({"role": "assistant", "content": text})
+            episode.ended.append(ended)
+            episode.turns += 1
+        self._counts["turns"] += len(turns)
+        # the games answer at once (their tool calls overlap), their answers are taken in order
+        playing = [(episode.game, text) for _, episode, _, _, text in turns if episode.game is not None]
+        answers = iter(self._pool.map(_answer, playing) if self._pool and len(playing) > 1 else map(_answer, playing))
+        for i, episode, _, ended, text in turns:
+            answer = next(answers) if episode.game is not None else None
+            rewards[i], terminated[i], truncated[i] = self._turn(episode, ended, text, answer)
         done = terminated | truncated
         success = done & (rewards > 0)
         infos = {"success": success, "success_once": success,
@@ -276,23 +293,17 @@ class AgentEnv:
                  "done": done, "task_descriptions": self.task_descriptions}
         return (self._observation(), rewards[:, None], terminated[:, None], truncated[:, None], infos)
 
-    def _turn(self, episode: Episode, response: list[int], ended: bool, text: str) -> tuple[float, bool, bool]:
-        """The game's answer to one response: ``(reward, terminated, truncated)``."""
-        episode.add(response, generated=True)
-        episode.messages.append({"role": "assistant", "content": text})
-        episode.ended.append(ended)
-        episode.turns += 1
-        self._counts["turns"] += 1
-        if episode.game is None:  # its game failed to start, or its prompt overflowed the context
+    def _turn(self, episode: Episode, ended: bool, text: str,
+              answer: tuple[float, bool, list] | BaseException | None) -> tuple[float, bool, bool]:
+        """Take the game's ``answer`` to a response (None: no game): ``(reward, terminated, truncated)``."""
+        if answer is None:  # its game failed to start, or its prompt overflowed the context
             return self._end(episode, 0.0, terminated=False)
-        try:
-            out = episode.game.step(text)
-            reward, over = float(out["reward"]) * self.reward_coef, bool(out["done"])
-            observations = out["observations"] or []
-        except Exception as err:  # the game's bug fails this episode, never the run
+        if isinstance(answer, BaseException):  # the game's bug fails this episode, never the run
             self._counts["env_errors"] += 1
-            self._note_error({"turn": episode.turns, "response": text}, err)
+            self._note_error({"turn": episode.turns, "response": text}, answer)
             return self._end(episode, 0.0, terminated=True)
+        reward, over, observations = answer
+        reward *= self.reward_coef
         episode.returns += reward
         if over:
             return self._end(episode, reward, terminated=True)
@@ -381,6 +392,18 @@ class AgentEnv:
 
     def close(self) -> None:
         self._close_games()
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _answer(game_and_text: tuple[Any, str]) -> tuple[float, bool, list] | Exception:
+    """A game's step on one response: ``(reward, done, observations)``, or what it raised."""
+    game, text = game_and_text
+    try:
+        out = game.step(text)
+        return float(out["reward"]), bool(out["done"]), out["observations"] or []
+    except Exception as err:
+        return err
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:

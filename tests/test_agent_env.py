@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import string
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +48,9 @@ def agent_cfg(data: Path, tokenizer: Path, **params) -> dict:
             "init_params": {"data_paths": [str(data)], "prompt_key": "prompt", "shuffle": False,
                             "max_prompt_length": 400, "tokenizer_model": str(tokenizer), "apply_chat_template": True,
                             "game": "arithmetic_tools", "game_config": {}, "use_conversation_multi_turn": True,
-                            "drift_check": "strict", "tools": ["calculator", "python"], "tool_timeout_s": 2.0,
-                            "max_tool_response_length": 64, "tool_response_truncate_side": "left",
-                            "tool_output_format": "={}\n", **params}}
+                            "drift_check": "strict", "parallel_turns": 4, "tools": ["calculator", "python"],
+                            "tool_timeout_s": 2.0, "max_tool_response_length": 64,
+                            "tool_response_truncate_side": "left", "tool_output_format": "={}\n", **params}}
 
 
 def responses(env: AgentEnv, texts: list[str], width: int = 48, eos: bool = True) -> np.ndarray:
@@ -192,6 +193,28 @@ def test_bad_input_is_contained_and_counted(tmp_path, tokenizers):
     raising.reset()
     _, rewards, terminated, _, _ = raising.chunk_step(responses(raising, ["a", "b"]))
     assert terminated[:, 0].all() and not rewards.any() and raising.pop_metrics()["env_errors"] == 2
+
+
+def test_the_games_of_a_turn_step_at_once_so_slow_tools_overlap(tmp_path, tokenizers):
+    """``init_params.parallel_turns``: the games of a turn step in threads, so four 1-second tool
+    calls hold the turn about a second, not four; every episode keeps what it keeps when they
+    step one after another."""
+    rows = write_rows(tmp_path / "rows.jsonl", ARITHMETIC * 2)
+    call = "<python>import time; time.sleep(1); print(5535, end='')</python>"
+    kept, walls = [], []
+    for parallel in (1, 4):
+        env = AgentEnv(agent_cfg(rows, tokenizers["chatml"], parallel_turns=parallel) | {"total_num_envs": 4}, 4)
+        env.reset()
+        tic = time.monotonic()
+        env.chunk_step(responses(env, [call] * 4, width=80))
+        walls.append(time.monotonic() - tic)
+        kept.append([(e.ids, e.generated) for e in env.episodes])
+        assert env.pop_metrics()["tool_calls"] == 4
+        env.close()
+    assert kept[0] == kept[1]
+    assert walls[0] > 4 and walls[1] < walls[0] / 2, walls
+    with pytest.raises(EnvSetupError, match=r"^env.\*.init_params.parallel_turns = 0: expected an integer >= 1$"):
+        AgentEnv(agent_cfg(rows, tokenizers["chatml"], parallel_turns=0), 2)
 
 
 def test_skyrls_single_message_layout_appends_the_observation_text_as_is(tmp_path, tokenizers):

@@ -182,7 +182,7 @@ class EnvWorker(Worker):
 def _env_metrics(envs: list[Env], split: str, episodes: int) -> dict[str, float]:
     """An env's own counters (``pop_metrics``, e.g. the text env's unparsable responses), as
     fractions of this call's episodes; ``prompts_filtered`` stays a count, and the agent env's
-    ``tool_s`` (seconds in tools, part of the env's busy time) is logged as ``time/<split>_tool_s``."""
+    ``tool_s`` (seconds in tool calls, summed over calls that overlap) is logged as ``time/<split>_tool_s``."""
     totals: dict[str, float] = {}
     for env in envs:
         for key, value in env.pop_metrics().items():
