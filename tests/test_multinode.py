@@ -23,11 +23,9 @@ ASYNC = ["algorithm.staleness_threshold=1", "algorithm.loss_type=decoupled_actor
 
 
 def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path):
+    # the single-node run, in a process and a Ray cluster of its own, beside the two-node one
     single = Run(tiny_config(tmp_path / "c1") + [f"runner.output_dir={tmp_path / 'single'}",
                                                  f"runner.max_epochs={STEPS}", *ASYNC], tmp_path, "single")
-    code, err = single.finish(timeout=240)
-    assert code == 0, err[-3000:]
-
     ray_cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
         lost = ray_cluster.add_node(num_cpus=2)
@@ -49,6 +47,8 @@ def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path):
         last = checkpoint.latest(ckpts)
         torch.load(last / "actor" / "model.pt", weights_only=True)
 
+        code, err = single.finish(timeout=240)
+        assert code == 0, err[-3000:]
         # the first steps, across nodes, are the single-node run's exactly; from step 2 on the
         # rollout ran with the weights of one update before the actor's
         assert scalars(tmp_path / "single" / "tiny", "actor/version_lag") == {1: 0.0, 2: 1.0, 3: 1.0}
@@ -68,3 +68,5 @@ def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path):
         assert json.loads(resumed.stdout.read_text().splitlines()[-1])["env_steps"] == (step + 1) * 20
     finally:
         ray_cluster.shutdown()
+        if single.proc.poll() is None:  # the test failed before the single-node run finished
+            single.proc.kill()

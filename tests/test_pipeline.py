@@ -213,10 +213,11 @@ def test_cnn_policy_trains_from_camera_images(tmp_path):
 
 
 def test_ppo_learns_push_cube_far_above_the_untrained_policy(tmp_path):
-    """The learning bar, shortened to 25 of the shipped config's 80 steps (80k env steps)."""
-    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=25",
-                                   "runner.val_before_train=true", "runner.val_check_interval=25",
+    """The learning bar, shortened to 20 of the shipped config's 80 steps (64k env steps). Measured
+    here, held-out success by step: 0 at 0 and 5, 0.13 at 10, 0.59 at 15, 0.69 at 20, 0.81 at 25."""
+    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=20",
+                                   "runner.val_before_train=true", "runner.val_check_interval=20",
                                    "runner.save_interval=-1"])
-    assert result["env_steps"] == 25 * 64 * 50
+    assert result["env_steps"] == 20 * 64 * 50
     assert result["eval_success_before"] <= 0.1, result
     assert result["eval_success"] >= 0.5, result
