@@ -2,7 +2,8 @@
 gloo ranks): skyrl-gym's gsm8k_multi_turn, unchanged, on a parquet dataset in SkyRL's layout,
 trains a few GRPO steps with finite metrics, and the episodes the eval logged keep their ids
 token by token: the chat template's prompt, each response verbatim up to its EOS or stop string,
-each observation templated; PPO with a value head trains on the same episodes."""
+each observation templated; PPO with a value head trains on the same episodes, and rollouts overlap
+updates through env stages and staleness as robots' do."""
 
 from __future__ import annotations
 
@@ -124,3 +125,23 @@ def test_ppo_on_multi_turn_episodes_trains_a_critic_over_the_turns(skyrl_files, 
     for tag in ("critic/value_loss", "critic/explained_variance", "actor/policy_loss"):
         values = scalars(run, tag)
         assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), tag
+
+
+def test_agent_rollouts_overlap_updates_as_robot_rollouts_do(skyrl_files, ray_session, tmp_path):
+    """Asynchronous as for robots: two env stages per worker (one stage's games answer while the
+    policy generates for the other) and rollouts one update behind the actor
+    (``staleness_threshold`` 1 with the decoupled loss), with finite figures."""
+    from tests.test_pipeline import scalars
+
+    _, _, args = skyrl_files
+    embodied("train", [*args, f"runner.output_dir={tmp_path}", "runner.max_epochs=3", "runner.val_check_interval=-1",
+                       "runner.val_before_train=false", "data.rollout_batch_size=4", "rollout.pipeline_stage_num=2",
+                       "algorithm.staleness_threshold=1", "algorithm.loss_type=decoupled_actor_critic",
+                       "rollout.recompute_logprobs=false"])
+    run = tmp_path / "agent_arithmetic_tools_tiny"
+    assert scalars(run, "actor/version_lag") == {1: 0.0, 2: 1.0, 3: 1.0}
+    overlap = scalars(run, "time/overlap")  # from step 2 on, the rollout runs while the actor updates
+    assert overlap[2] > 0 and overlap[3] > 0, overlap
+    for tag in ("actor/policy_loss", "actor/behave_weight", "train/return"):
+        values = scalars(run, tag)
+        assert sorted(values) == [1, 2, 3] and all(math.isfinite(v) for v in values.values()), tag
