@@ -1,8 +1,9 @@
 """A Hugging Face causal LM (Llama, Qwen2, ... any ``AutoModelForCausalLM`` folder) as a policy
-for the single-step text env (``model_type: causal_lm``).
+for the text and agent envs (``model_type: causal_lm``).
 
 An action is a response: ``max_new_tokens`` token ids in one chunk (``[B, 1, L]``, int64), EOS
-then padding, with a response mask that marks the sampled tokens up to and including EOS.
+then padding, with a response mask that marks the sampled tokens up to and including EOS, or up
+to the token that completes a stop string (``algorithm.sampling_params.stop``).
 
 - ``act(obs)``: batched ``generate`` with a KV cache over the env's left-padded prompts (the
   columns that are padding in every row are cut first), with ``algorithm.sampling_params``;
