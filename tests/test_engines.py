@@ -127,29 +127,42 @@ def test_greedy_equals_hf_greedy(engine, hf, tiny_math):
     assert torch.equal(ours.token_mask, theirs.token_mask)
 
 
-@pytest.mark.slow
-@needs_vllm
-def test_a_stop_string_ends_engine_responses_where_it_ends_hf_ones(engine, hf, tiny_math):
-    """The engine generates past a stop string; its tokens after it are dropped as the Hugging Face
-    policy ends there: greedy, the same tokens and masks; sampled, each response ends after the
-    first token whose text completes it."""
+@pytest.fixture(scope="module")
+def stop_engine(hf, tiny_math):
+    """An engine with a stop string that some greedy responses hold, and the Hugging Face policy
+    with it: ``(engine, hf policy, stop string)``. (Shut down with the module's other engines:
+    vLLM's in-process engines share its parallel state, which a shutdown tears down.)"""
     from transformers import AutoTokenizer
 
+    from policies.engines.vllm import VLLMCausalLM
     from tests.test_causal_lm import _a_stop_string
 
+    stop = _a_stop_string(AutoTokenizer.from_pretrained(tiny_math["model"]), hf.act(_obs(tiny_math), do_sample=False))
+    cfg = _cfg(tiny_math["model"], temperature=0.7, stop=[stop])
+    engine = VLLMCausalLM(cfg, ENGINE_OPTIONS, cpu_threads=1)
+    yield engine, CausalLMPolicy(cfg), stop
+    engine.shutdown()
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_stop_string_ends_engine_responses_where_it_ends_hf_ones(stop_engine, hf, tiny_math):
+    """With stop strings the vLLM engine decodes its text and stops there itself; its responses end
+    where the Hugging Face policy's do: greedy, the same tokens and masks; sampled, each response
+    ends after the first token whose text completes a stop string."""
+    from transformers import AutoTokenizer
+
+    engine, stopping, stop = stop_engine
     tokenizer = AutoTokenizer.from_pretrained(tiny_math["model"])
     obs = _obs(tiny_math)
-    stop = _a_stop_string(tokenizer, hf.act(obs, do_sample=False))
-    stopping = CausalLMPolicy(_cfg(tiny_math["model"], temperature=0.7, stop=[stop]))
-    engine.stop = stopping.stop
-    try:
-        ours, theirs = engine.act(obs, do_sample=False), stopping.act(obs, do_sample=False)
-        assert torch.equal(ours.actions, theirs.actions) and torch.equal(ours.token_mask, theirs.token_mask)
-        assert (ours.token_mask.sum(-1) < hf.act(obs, do_sample=False).token_mask.sum(-1)).any()
-        torch.manual_seed(2)
-        sampled = engine.act(obs)
-    finally:
-        engine.stop = None
+    ours, theirs = engine.act(obs, do_sample=False), stopping.act(obs, do_sample=False)
+    assert torch.equal(ours.actions, theirs.actions) and torch.equal(ours.token_mask, theirs.token_mask)
+    assert (ours.token_mask.sum(-1) < hf.act(obs, do_sample=False).token_mask.sum(-1)).any()
+    prompts, counts = group_prompts(torch.as_tensor(obs["input_ids"]), torch.as_tensor(obs["attention_mask"]))
+    generated = [len(c.tokens) for group in engine._generate(prompts, counts, engine.request(False)) for c in group]
+    assert generated == ours.token_mask[:, 0].sum(-1).tolist()  # the engine stopped there: nothing to drop
+    torch.manual_seed(2)
+    sampled = engine.act(obs)
     for row, keep in zip(sampled.actions[:, 0], sampled.token_mask[:, 0]):
         n = int(keep.sum())
         text = tokenizer.decode(row[:n], skip_special_tokens=True)

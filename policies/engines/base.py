@@ -55,6 +55,7 @@ class Sampling:
     max_new_tokens: int
     stop_token_id: int
     seed: int | None  # None: greedy
+    stop: tuple[str, ...] = ()  # stop strings (the policy cuts at them too: ``StopStrings``)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class EnginePolicy(Policy):
                      why=f"rollout.backend={self.backend} scores whole sequences after each weight sync")
         self.sampling = sampling_options(cfg)
         self.stop = stop_strings(cfg, self.path)  # applied to the engine's tokens (act), the same as Hugging Face's
+        self.tokenizer_path = cfg.get("tokenizer_model") or self.path  # for an engine that matches stop strings
         self.temperature = float(cfg["temperature"])
         lora = (LORA_TARGETS, int(cfg["lora_rank"]), cfg.get("lora_path")) if cfg["is_lora"] else None
         self.layout = SyncLayout(self.path, self.trust_remote_code, self.dtype, lora)
@@ -164,7 +166,8 @@ class EnginePolicy(Policy):
             repetition_penalty=float(s["repetition_penalty"]), min_new_tokens=int(s["min_new_tokens"]),
             max_new_tokens=self.max_new_tokens, stop_token_id=self.eos,
             # drawn from torch's generator, so that torch.manual_seed makes a rollout repeatable
-            seed=int(torch.randint(2**31 - 1, ())) if do_sample else None)
+            seed=int(torch.randint(2**31 - 1, ())) if do_sample else None,
+            stop=self.stop.strings if self.stop else ())
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, Any], do_sample: bool = True, temperature: float | None = None) -> ActOutput:
@@ -180,7 +183,7 @@ class EnginePolicy(Policy):
         for row, c in enumerate(completions):
             tokens[row, :len(c.tokens)] = torch.tensor(c.tokens, dtype=torch.long)
             logprobs[row, :len(c.tokens)] = torch.tensor(c.logprobs)
-        if self.stop:  # the engine generated past the stop string: those tokens are dropped
+        if self.stop:  # what an engine generated past a stop string is dropped
             lengths = torch.minimum(lengths, self.stop.lengths(tokens))
         response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
         tokens = tokens.masked_fill(response_mask == 0, self.pad)

@@ -110,7 +110,8 @@ class VLLMCausalLM(EnginePolicy):
         self._sync_dir = None if self._inline else tempfile.TemporaryDirectory(prefix="vllm-sync-")
         args.update(model=str(self.path), dtype=ENGINE_DTYPES[self.precision], max_model_len=self.engine_len,
                     trust_remote_code=self.trust_remote_code, seed=0,
-                    skip_tokenizer_init=True,  # prompts arrive as token ids; no text comes back
+                    # prompts arrive as token ids; text comes back only to match stop strings
+                    skip_tokenizer_init=self.stop is None, tokenizer=str(self.tokenizer_path),
                     generation_config="vllm",  # sampling is ours, not the checkpoint's generation_config.json
                     logprobs_mode="raw_logprobs" if self.temperature == 1.0 else "processed_logprobs")
         threads = cpu_threads or torch.get_num_threads()
@@ -163,7 +164,8 @@ class VLLMCausalLM(EnginePolicy):
                 repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_new_tokens,
                 max_tokens=sampling.max_new_tokens,
                 stop_token_ids=[sampling.stop_token_id], ignore_eos=True,  # stop at the policy's EOS, only there
-                logprobs=0, detokenize=False,
+                stop=list(sampling.stop) or None, include_stop_str_in_output=True, detokenize=bool(sampling.stop),
+                logprobs=0,
                 seed=None if sampling.seed is None else sampling.seed + offset))  # a group's samples: seed + i
             offset += count
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
