@@ -57,6 +57,9 @@ class CausalLMPolicy(Policy):
     @classmethod
     def check_config(cls, cfg: Mapping[str, Any]) -> None:
         model_folder(cfg)
+        if cfg["add_value_head"] and cfg["value_type"] != "chunk_level":
+            raise expected("actor.model.value_type", cfg["value_type"], "chunk_level with a causal_lm value head (one "
+                           "value per response: algorithm.reward_type chunk_level)")
 
     @classmethod
     def check_checkpoint(cls, cfg: Mapping[str, Any], folder: Path, key: str) -> None:
@@ -106,10 +109,7 @@ class CausalLMPolicy(Policy):
             model = apply_lora(model, LORA_TARGETS, cfg["lora_rank"], cfg["lora_rank"], cfg.get("lora_path"))
         self.model = model
         self.value_head = None
-        if cfg["add_value_head"]:
-            if self.value_type != "chunk_level":
-                raise expected("actor.model.value_type", self.value_type, "chunk_level with causal_lm (one value per "
-                               "response: algorithm.reward_type chunk_level)")
+        if cfg["add_value_head"]:  # one value per response (check_config: value_type chunk_level)
             self.value_head = ValueHead(model.config.hidden_size, tuple(cfg["value_head_hidden_sizes"]), 1).to(
                 DTYPES[cfg["precision"]])
         self.sampling = sampling_options(cfg)

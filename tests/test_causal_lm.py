@@ -271,6 +271,10 @@ def test_a_value_head_reads_the_prompts_last_hidden_state_and_keeps_with_the_ada
                                           r"holds a value head \(value_head.pt\)$"):
         CausalLMPolicy.check_checkpoint(cfg | {"add_value_head": False}, tmp_path / "lora", "runner.ckpt_path")
 
+    with pytest.raises(ConfigError, match=r"^actor.model.value_type = 'action_level': expected chunk_level with a "
+                                          r"causal_lm value head"):
+        CausalLMPolicy.check_config(cfg | {"value_type": "action_level"})
+
     full = CausalLMPolicy(cfg | {"is_lora": False})
     full.save_checkpoint(tmp_path / "full")
     assert heads <= set(torch.load(tmp_path / "full" / "model.pt", weights_only=True))
