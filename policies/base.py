@@ -153,9 +153,12 @@ class Policy(nn.Module, ABC):
         """Keys that these options leave unread though the model type reads them under others
         (e.g. a head's options with another head), with why; the config layer refuses them when
         set, beside the keys that only other model types read (``reads`` in policies/__init__.py)."""
+        out = {}
         if not cfg.get("is_lora"):
-            return {"actor.model.lora_path": "a LoRA adapter needs actor.model.is_lora true"}
-        return {}
+            out["actor.model.lora_path"] = "a LoRA adapter needs actor.model.is_lora true"
+        if not cfg.get("add_value_head"):  # (a model with a value head MLP has the key)
+            out["actor.model.value_head_hidden_sizes"] = "a value head's widths need actor.model.add_value_head true"
+        return out
 
     # ----------------------------------------------------------------- rollout
     @abstractmethod

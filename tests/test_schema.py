@@ -289,6 +289,11 @@ REFUSALS = [
      "(openvla_oft does: the tokens of a task description)"),
     ("maniskill_ppo_openvla_oft", ["actor.model.trust_remote_code=true"],
      "actor.model.trust_remote_code: not supported: remote code"),
+    ("math_grpo_tiny", ["actor.model.value_head_hidden_sizes=[16]"],
+     "actor.model.value_head_hidden_sizes: not supported here, because a value head's widths need "
+     "actor.model.add_value_head true"),
+    ("maniskill_grpo_openvla_oft", ["actor.model.value_head_hidden_sizes=[16]"],
+     "actor.model.value_head_hidden_sizes: not supported here, because a value head's widths need"),
     ("maniskill_ppo_openvla_oft", ["actor.model.is_lora=false", "actor.model.lora_path=/tmp"],
      "actor.model.lora_path: not supported here, because a LoRA adapter needs actor.model.is_lora true"),
     ("math_grpo_tiny", ["actor.model.add_value_head=true", "rollout.backend=vllm"],
