@@ -44,7 +44,7 @@ from core.description import EnvDescription
 from core.errors import DataError, EnvSetupError
 from core.registry import load
 from envs.protocol import ResetStates
-from envs.text import left_padded, load_tokenizer, read_jsonl, response_ids, token_actions
+from envs.text import left_padded, load_tokenizer, read_jsonl, read_response, token_actions
 from envs.vector_env import read_options
 
 DRIFT_CHECKS = ("off", "warn", "strict")
@@ -270,9 +270,7 @@ class AgentEnv:
         turns = []
         for i, (episode, seq) in enumerate(zip(self.episodes, actions[:, 0].astype(np.int64))):
             if not episode.done:
-                response, ended = response_ids(seq, self.eos)
-                text = self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True)
-                turns.append((i, episode, response, ended, text))
+                turns.append((i, episode, *read_response(seq, self.eos, self.tokenizer)))
         for i, episode, response, ended, text in turns:
             episode.add(response, generated=True)
             episode.messages.append({"role": "assistant", "content": text})

@@ -195,16 +195,15 @@ def left_padded(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np
     return ids, mask
 
 
-def response_ids(seq: np.ndarray, eos: int) -> tuple[list[int], bool]:
-    """One response's ids, as generated: up to and including the first EOS, or up to the first
-    ``NO_TOKEN`` (a response that ended at a stop string, or at the length limit); and whether
-    it ended with EOS."""
+def read_response(seq: np.ndarray, eos: int, tokenizer: Any) -> tuple[list[int], bool, str]:
+    """One response as generated: its ids up to and including the first EOS, or up to the first
+    ``NO_TOKEN`` (it ended at a stop string, or at the length limit); whether it ended with EOS;
+    and its text without that EOS."""
     seq = np.asarray(seq, np.int64)
     end = np.flatnonzero((seq == eos) | (seq == NO_TOKEN))
-    if not end.size:
-        return seq.tolist(), False
-    ended = bool(seq[end[0]] == eos)
-    return seq[:end[0] + ended].tolist(), ended
+    ended = bool(end.size) and bool(seq[end[0]] == eos)
+    ids = seq[:end[0] + ended].tolist() if end.size else seq.tolist()
+    return ids, ended, tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=True)
 
 
 def token_actions(actions: np.ndarray, num_envs: int) -> np.ndarray:
@@ -301,9 +300,9 @@ class TextEnv:
         """Decoded responses and their lengths in tokens (EOS included)."""
         texts, lengths = [], np.zeros(self.num_envs, np.int32)
         for row, seq in enumerate(np.asarray(actions).reshape(self.num_envs, -1)):
-            response, ended = response_ids(seq, self.eos)
+            response, _, text = read_response(seq, self.eos, self.tokenizer)
             lengths[row] = len(response)
-            texts.append(self.tokenizer.decode(response[:-1] if ended else response, skip_special_tokens=True))
+            texts.append(text)
         return texts, lengths
 
     def chunk_step(self, actions: np.ndarray):
