@@ -8,7 +8,9 @@ which checks the env config and returns its ``EnvDescription``; ``task_type``, t
 ``runner.task_type`` it belongs to; ``reads``, the keys only some envs read, with what they are:
 keys outside ``env.*`` that reach it through its group file, and ``env.*.<key>`` of its own split;
 ``demos``, its demonstrations' ``DemoFormat`` (``envs/demos.py``), read for SFT and recorded by
-``python -m embodied.record``.
+``python -m embodied.record``; ``concurrent_stages``, whether its env worker steps each pipeline
+stage in a thread of its own as soon as its actions come (envs whose steps mostly wait, e.g. on
+tools; ``embodied/workers/env.py``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from core.registry import Registry, load
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
-ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", demos=None)
+ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", demos=None,
+                concurrent_stages=True)
 ORDER = {"env.*.reset_state_order": "the order of a simulator's reset states"}
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
          reads={"env.*.task_suite_name": "the LIBERO suite", **ORDER}, demos="envs.libero_demos:FORMAT")
 ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe", reads=ORDER,
          demos="envs.maniskill_demos:FORMAT")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
-ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"})
+ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"},
+         concurrent_stages=True)
 
 
 def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:

@@ -3,7 +3,8 @@ gloo ranks): skyrl-gym's gsm8k_multi_turn, unchanged, on a parquet dataset in Sk
 trains a few GRPO steps with finite metrics, and the episodes the eval logged keep their ids
 token by token: the chat template's prompt, each response verbatim up to its EOS or stop string,
 each observation templated; PPO with a value head trains on the same episodes, and rollouts overlap
-updates through env stages and staleness as robots' do."""
+updates through env stages and staleness as robots' do, and an episode waiting on a slow tool
+holds none of the others."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import string
 
 import pytest
 
-from tests.runs import embodied
+from tests.runs import ONE_RANK_EACH, embodied
 from tests.test_agent_env import CHATML
 
 pytestmark = pytest.mark.slow
@@ -145,3 +146,26 @@ def test_agent_rollouts_overlap_updates_as_robot_rollouts_do(skyrl_files, ray_se
     for tag in ("actor/policy_loss", "actor/behave_weight", "train/return"):
         values = scalars(run, tag)
         assert sorted(values) == [1, 2, 3] and all(math.isfinite(v) for v in values.values()), tag
+
+
+def test_an_episode_waiting_on_a_slow_tool_holds_none_of_the_others(skyrl_files, ray_session, tmp_path):
+    """One env stage per group: each stage steps in a thread of its own as soon as its responses
+    come, and the rollout generates for whichever stages are waiting. The game answers row 0's
+    group's first responses after 10 s and row 1's at once: row 1's episodes play all their 3 turns before row 0's
+    first answer. (In one stage, their second turn would wait for it.)"""
+    root, _, args = skyrl_files
+    rows = [{"prompt": f"row {i}", "row": i, "pause_s": 10.0 if i == 0 else 0.0} for i in range(2)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = tmp_path / "answers.jsonl"
+    overrides = {"data.train_data_paths": f"[{tmp_path / 'rows.jsonl'}]", "data.rollout_batch_size": "2",
+                 "algorithm.group_size": "2", "env.train.max_episode_steps": "3", "runner.max_epochs": "1",
+                 "env.train.init_params.game": "tests.agent_games:Pause", "data.shuffle": "false"}
+    args = [a for a in args if a.split("=")[0] not in overrides] + [f"{k}={v}" for k, v in overrides.items()]
+    embodied("train", [*args, *ONE_RANK_EACH, f"runner.output_dir={tmp_path}", "runner.val_check_interval=-1",
+                       "runner.val_before_train=false", "rollout.pipeline_stage_num=2", "actor.global_batch_size=4",
+                       "actor.micro_batch_size=4", f"+env.train.init_params.game_config.log={log}"])
+    answers = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((a["row"], a["turn"]) for a in answers) == [(r, t) for r in range(2) for t in (1, 1, 2, 2, 3, 3)]
+    slow_first = next(a["at"] for a in answers if a["row"] == 0 and a["turn"] == 1)
+    fast_last = max(a["at"] for a in answers if a["row"] != 0)
+    assert fast_last < slow_first, answers

@@ -175,8 +175,11 @@ class Channel:
         return ray.get(agent.get.remote(self, key, timeout))
 
     def qsize(self, key: str) -> int:
-        """Number of items waiting in the queue of ``key`` (on this node)."""
-        return self._queue(key).qsize()
+        """Number of items waiting in the queue of ``key``."""
+        agent = self._remote_agent(key)
+        if agent is None:
+            return self._queue(key).qsize()
+        return ray.get(agent.qsize.remote(self, key))
 
     def close(self) -> None:
         """Release this process's mappings; in the creating process also remove every segment of

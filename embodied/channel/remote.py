@@ -33,6 +33,9 @@ class NodeAgent:
     def get(self, channel: Any, key: str, timeout: float | None) -> Any:
         return channel._get_local(key, timeout)
 
+    def qsize(self, channel: Any, key: str) -> int:
+        return channel._queue(key).qsize()
+
     def cleanup(self, prefix: str) -> int:
         return unlink_prefix(prefix)
 

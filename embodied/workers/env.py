@@ -1,6 +1,10 @@
 """Env worker: owns ``total_num_envs / world_size`` envs of each split, in
 ``rollout.pipeline_stage_num`` stages, and trades observations for actions with its rollout
 worker through the channel, one stage at a time, so that one stage steps while another infers.
+Env types that declare ``concurrent_stages`` (the agent env: a turn mostly waits on its tools)
+step each stage in a thread of its own, as soon as its actions come: an episode waiting on a
+slow tool holds only its own stage, and the rollout batches whichever stages are waiting
+(``embodied/workers/rollout.py``).
 
 The worker, not its simulators, owns each env's episode numbering (which decides its future reset
 states): simulators rebuilt after ``offload``, or in a run resumed from a checkpoint
@@ -8,8 +12,11 @@ states): simulators rebuilt after ``offload``, or in a run resumed from a checkp
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +26,7 @@ from embodied.algorithms import POLICY_LOSSES
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key
 from embodied.worker import Worker
-from envs import make_vector_env
+from envs import ENVS, make_vector_env
 from envs.episode_stats import EpisodeStats
 from envs.protocol import Env
 from envs.video import VideoRecorder
@@ -76,29 +83,46 @@ class EnvWorker(Worker):
                 env.set_next_episodes(np.zeros(env.num_envs, np.int64))
         continue_episodes = split == "train" and self.cfg.env.train.auto_reset and split in self.last_obs
         obs = self.last_obs[split] if continue_episodes else [None] * self.stages
-        for stage, env in enumerate(envs):
+        stats, lock = self.stats[split], threading.Lock()
+        steps, waits = [0] * self.stages, [0.0] * self.stages
+
+        def run_stage(stage: int) -> Iterator[None]:
+            """Reset (unless continuing) and step one stage, pausing after each message it sends."""
+            env = envs[stage]
             if not continue_episodes:
                 obs[stage] = env.reset()  # the policy starts on this stage while the next resets
-                self._check_finite(split, 0, stage, obs[stage], None)
+                with lock:
+                    self._check_finite(split, 0, stage, obs[stage], None)
             self.channel.put(obs_key(self.cfg, split, self.rank, stage), {"obs": obs[stage]})
-        stats = self.stats[split]
-        env_steps = 0
-        start, waited = time.monotonic(), 0.0
-        for step in range(1, num_chunk_steps + 1):
-            for stage, env in enumerate(envs):
+            yield
+            for step in range(1, num_chunk_steps + 1):
                 tic = time.monotonic()
                 actions = self.channel.get(action_key(self.cfg, split, self.rank, stage))
-                waited += time.monotonic() - tic
+                waits[stage] += time.monotonic() - tic
                 obs[stage], rewards, terminations, truncations, infos = env.chunk_step(actions)
-                self._check_finite(split, step, stage, obs[stage], rewards)
-                stats.update(infos)
-                env_steps += rewards.size
+                with lock:
+                    self._check_finite(split, step, stage, obs[stage], rewards)
+                    stats.update(infos)
+                steps[stage] += rewards.size
                 message = {"obs": obs[stage], "rewards": rewards, "terminations": terminations,
                            "truncations": truncations}
                 if "final_obs" in infos:
                     message["final_obs"] = infos["final_obs"]
                     message["done"] = infos["done"]
                 self.channel.put(obs_key(self.cfg, split, self.rank, stage), message)
+                yield
+
+        start = time.monotonic()
+        stages = [run_stage(stage) for stage in range(self.stages)]
+        if ENVS.declared(self.cfg.env[split].env_type)["concurrent_stages"] and self.stages > 1:
+            _concurrently(stages)
+            waited = sum(waits) / self.stages  # the stages wait side by side
+        else:  # a chunk step of each stage in turn
+            for _ in range(num_chunk_steps + 1):
+                for stage in stages:
+                    next(stage)
+            waited = sum(waits)
+        env_steps = sum(steps)
         self.last_obs[split] = obs
         for env in envs:  # one finished video file per call: workers are killed, not closed, at the end
             env.flush()
@@ -190,6 +214,17 @@ def _env_metrics(envs: list[Env], split: str, episodes: int) -> dict[str, float]
     seconds = totals.pop("tool_s", None)
     out = {f"{split}/{k}": v if k == "prompts_filtered" else v / max(episodes, 1) for k, v in totals.items()}
     return out if seconds is None else {**out, f"time/{split}_tool_s": seconds}
+
+
+def _concurrently(stages: list[Iterator[None]]) -> None:
+    """Run each stage to its end in a thread of its own; the first error is raised at once (the
+    other stages may be waiting for actions that will not come: their threads are left behind)."""
+    pool = ThreadPoolExecutor(len(stages), "env-stage")
+    futures = [pool.submit(deque, stage, maxlen=0) for stage in stages]
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    pool.shutdown(wait=False)
+    for future in done:
+        future.result()
 
 
 def _next_episodes(envs: list[Env]) -> np.ndarray:

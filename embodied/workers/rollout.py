@@ -3,8 +3,10 @@ actor needs to recompute log-probs, and shipping the finished trajectories to th
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -16,11 +18,14 @@ from embodied.batch import Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key, replay_key
 from embodied.worker import Worker
+from envs import ENVS
 from envs.protocol import NO_TOKEN
+from policies.base import ActOutput, Policy
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.model.do_sample", "algorithm.sampling_params.temperature_eval")
 PROBE_ROWS = 8  # responses of the first rollout kept to check every weight sync (serving engines)
+POLL_S = 0.001  # how often stages that step on their own are looked at, while none has an observation
 
 
 def replay_pieces(num_rollout: int, num_actor: int, envs_per_rollout: int) -> list[tuple[int, int, int, int]]:
@@ -93,36 +98,63 @@ class RolloutWorker(Worker):
         else:  # training, and eval_pass_k, sample as training does
             temperature, do_sample = None, self.cfg.actor.model.do_sample
         records = {stream: defaultdict(list) for stream in self.streams}
+        served = dict.fromkeys(self.streams, 0)  # observations taken from each stream so far
+        turns = itertools.cycle(self.streams)
+        concurrent = ENVS.declared(self.cfg.env[split].env_type)["concurrent_stages"]
         start, waited = time.monotonic(), 0.0
-        for t in range(num_chunk_steps + 1):
-            for stream in self.streams:
-                tic = time.monotonic()
-                message = self.channel.get(obs_key(self.cfg, split, *stream))
-                waited += time.monotonic() - tic
+        while served:
+            tic = time.monotonic()
+            # a stream at a time in a fixed order (the same samples however the stages are timed),
+            # or, where the env's stages step on their own, every stream whose observation waits
+            streams = self._waiting(split, served) if concurrent else [next(turns)]
+            messages = {stream: self.channel.get(obs_key(self.cfg, split, *stream)) for stream in streams}
+            waited += time.monotonic() - tic
+            acting = []
+            for stream, message in messages.items():
                 record = records[stream]
-                if t > 0 and train:
+                if served[stream] > 0 and train:
                     self._record_env(record, message)
-                if t == num_chunk_steps:
+                if served[stream] == num_chunk_steps:
+                    del served[stream]
                     if train and self.policy.has_value_head:
                         record["values"].append(self.policy.values(message["obs"]))
-                    continue
-                out = self.policy.act(message["obs"], do_sample=do_sample, temperature=temperature)
-                actions = out.actions if out.token_mask is None else out.actions.masked_fill(~out.token_mask, NO_TOKEN)
-                self.channel.put(action_key(self.cfg, split, *stream), actions.cpu().numpy())
-                if train and self.probe is None:
-                    self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},
-                                  "actions": out.actions[:PROBE_ROWS].clone()}
-                if train:
-                    record["actions"].append(out.actions)
-                    record["logprobs"].append(out.logprobs)
-                    record["token_mask"].append(torch.ones_like(out.logprobs, dtype=torch.bool)
-                                                if out.token_mask is None else out.token_mask)
-                    record["forward_inputs"].append(out.forward_inputs)
-                    if out.values is not None:
-                        record["values"].append(out.values)
+                else:
+                    served[stream] += 1
+                    acting.append(stream)
+            if acting:
+                self._act(split, acting, [messages[s]["obs"] for s in acting], [records[s] for s in acting], train,
+                          do_sample, temperature)
         if train:
             self._send(Trajectory.cat([self._trajectory(records[s]) for s in self.streams], dim=1))
         return {"time/rollout_wait": waited, "time/rollout_busy": time.monotonic() - start - waited}
+
+    def _act(self, split: str, streams: list[tuple[int, int]], observations: list[dict[str, Any]],
+             records: list[dict[str, list]], train: bool, do_sample: bool, temperature: float | None) -> None:
+        """Act on the observations of ``streams`` in one batch; each stream gets its actions."""
+        for stream, record, out in zip(streams, records, act_together(self.policy, observations, do_sample=do_sample,
+                                                                      temperature=temperature)):
+            token_mask = torch.ones_like(out.logprobs, dtype=torch.bool) if out.token_mask is None else out.token_mask
+            sent = out.actions if out.token_mask is None else out.actions.masked_fill(~token_mask, NO_TOKEN)
+            self.channel.put(action_key(self.cfg, split, *stream), sent.cpu().numpy())
+            if train and self.probe is None:
+                self.probe = {"forward_inputs": {k: v[:PROBE_ROWS].clone() for k, v in out.forward_inputs.items()},
+                              "actions": out.actions[:PROBE_ROWS].clone()}
+            if train:
+                record["actions"].append(out.actions)
+                record["logprobs"].append(out.logprobs)
+                record["token_mask"].append(token_mask)
+                record["forward_inputs"].append(out.forward_inputs)
+                if out.values is not None:
+                    record["values"].append(out.values)
+
+    def _waiting(self, split: str, streams: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The streams with an observation waiting, once there is one."""
+        keys = {stream: obs_key(self.cfg, split, *stream) for stream in streams}
+        while True:
+            ready = [stream for stream, key in keys.items() if self.channel.qsize(key)]
+            if ready:
+                return ready
+            time.sleep(POLL_S)
 
     def _record_env(self, record: dict[str, list], message: dict[str, Any]) -> None:
         for key in ("rewards", "terminations", "truncations"):
@@ -165,3 +197,28 @@ class RolloutWorker(Worker):
                 piece = traj.map(lambda x: x[:, start:stop].numpy())
                 for rank in range(k * self.replicas, (k + 1) * self.replicas):
                     self.channel.put(replay_key(self.cfg, rank), {"source": (self.rank, start), "trajectory": piece})
+
+
+def act_together(policy: Policy, observations: list[dict[str, Any]], **sampling: Any) -> list[ActOutput]:
+    """One ``policy.act`` over several streams' observations (arrays and tensors stacked, lists
+    joined), split back into each stream's share."""
+    if len(observations) == 1:
+        return [policy.act(observations[0], **sampling)]
+    out = policy.act({key: _cat([obs[key] for obs in observations]) for key in observations[0]}, **sampling)
+    parts, stop = [], 0
+    for obs in observations:
+        rows = slice(stop, stop + len(next(v for v in obs.values() if isinstance(v, (np.ndarray, torch.Tensor)))))
+        stop = rows.stop
+        parts.append(ActOutput(actions=out.actions[rows], logprobs=out.logprobs[rows],
+                               values=None if out.values is None else out.values[rows],
+                               forward_inputs={k: v[rows] for k, v in out.forward_inputs.items()},
+                               token_mask=None if out.token_mask is None else out.token_mask[rows]))
+    return parts
+
+
+def _cat(values: list[Any]) -> Any:
+    if isinstance(values[0], np.ndarray):
+        return np.concatenate(values)
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    return [x for v in values for x in v]
