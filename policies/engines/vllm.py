@@ -103,6 +103,11 @@ class VLLMCausalLM(EnginePolicy):
         if workers == 1:
             args.pop("distributed_executor_backend", None)  # one worker runs in the engine's process
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # vLLM 0.32's AOT compile cache (its default with torch >= 2.10) fails to load its own
+        # artifacts with torch 2.13 ("'function' object has no attribute 'finalize_loading'",
+        # vllm/compilation/decorators.py) and compiles again at every start; its older cache
+        # loads: a cached start's engine init 12.9 s -> 6.0 s, a first one 32.7 s -> 17.7 s here
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         # vLLM logs every start, reload and cache reset at INFO, and a harmless chat-template warm-up
         # traceback without a tokenizer (prompts arrive as token ids): errors only, unless the user says
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
