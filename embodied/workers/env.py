@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from collections.abc import Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
