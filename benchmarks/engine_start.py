@@ -34,7 +34,8 @@ from pathlib import Path
 tic = time.perf_counter()
 from benchmarks.generation import model_cfg
 from policies.engines.vllm import VLLMCausalLM
-engine = VLLMCausalLM(model_cfg(Path({folder!r}), 4), {{"enforce_eager": False, "max_running_requests": 64}}, cpu_threads=2)
+engine = VLLMCausalLM(model_cfg(Path({folder!r}), 4), {{"enforce_eager": False, "max_running_requests": 64}},
+                      cpu_threads=2)
 print(time.perf_counter() - tic)
 engine.shutdown()
 """

@@ -33,8 +33,8 @@ ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe
 ENVS.add("maniskill", "envs.maniskill:ManiSkillVectorEnv", describe="envs.maniskill:describe", reads=ORDER,
          demos="envs.maniskill_demos:FORMAT")
 ENVS.add("text", "envs.text:TextEnv", describe="envs.text:describe", task_type="math", reads={"data": "prompt data"})
-ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent", reads={"data": "prompt data"},
-         concurrent_stages=True)
+ENVS.add("agent", "envs.agent:AgentEnv", describe="envs.agent:describe", task_type="agent",
+         reads={"data": "prompt data"}, concurrent_stages=True)
 
 
 def describe(env_cfg: Mapping[str, Any]) -> EnvDescription:
