@@ -26,7 +26,7 @@ from core.registry import Registry, load
 CONFIG_KEYS = ("env.*.env_type", "env.*.video_cfg.save_video")
 
 ENVS = Registry("env type", "env.*.env_type", describe=None, task_type="embodied", demos=None,
-                concurrent_stages=True)
+                concurrent_stages=False)
 ORDER = {"env.*.reset_state_order": "the order of a simulator's reset states"}
 ENVS.add("libero", "envs.libero:LiberoVectorEnv", describe="envs.libero:describe",
          reads={"env.*.task_suite_name": "the LIBERO suite", **ORDER}, demos="envs.libero_demos:FORMAT")
