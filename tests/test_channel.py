@@ -286,6 +286,7 @@ def test_driver_crash_ctrl_c_and_kill_leave_nothing_behind(cluster, mode, tmp_pa
 
 
 MULTI_NODE = textwrap.dedent("""
+    import time
     import numpy as np, ray
     from ray.cluster_utils import Cluster as LocalNodes
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -313,6 +314,10 @@ MULTI_NODE = textwrap.dedent("""
     # key 'a' lives on the other node (its producer touches it first); this node reads it remotely
     done = produce.options(**on_other).remote(ch, "a", 6)
     ray.wait([done], timeout=3)  # let it claim the key and fill the queue (bound 2)
+    deadline = time.monotonic() + 60
+    while ch.qsize("a") < 2 and time.monotonic() < deadline:  # counted on the key's node
+        time.sleep(0.05)
+    assert ch.qsize("a") == 2  # the bound: the producer waits with its third item
     items = [ch.get("a", timeout=60) for _ in range(6)]
     assert ray.get(done) == other
     # key 'b' lives here; a consumer on the other node reads it remotely
@@ -337,7 +342,8 @@ MULTI_NODE = textwrap.dedent("""
 @pytest.mark.slow
 def test_cross_node_keys_fall_back_to_the_object_store(tmp_path):
     """Two Ray nodes on this machine (ray.cluster_utils): a key's home is the node that touched it
-    first, and processes on the other node reach it through Ray's object store."""
+    first, and processes on the other node reach it through Ray's object store (and count what
+    waits in it)."""
     out = subprocess.run([sys.executable, "-c", MULTI_NODE], cwd=REPO, capture_output=True,
                          text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
