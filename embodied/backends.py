@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -41,7 +42,7 @@ from policies.base import Policy
 from policies.megatron import READ as MEGATRON_READS
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("actor.training_backend", "rollout.backend")
+CONFIG_KEYS = ("actor.training_backend", "rollout.backend", "rollout.model.precision")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 OPTIMIZER_FILE = "optimizer.pt"
@@ -123,18 +124,25 @@ def unread_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
     return BACKENDS.unread(backend) | BACKENDS.get(backend).refused(cfg) | rollout_unread_keys(cfg)
 
 
+def rollout_options(cfg: Any) -> dict[str, Any]:
+    """The ``actor.model`` options a rollout worker builds its policy from."""
+    options = OmegaConf.to_container(cfg.actor.model, resolve=True)
+    if cfg.rollout.model.get("precision") is not None:
+        options["precision"] = cfg.rollout.model.precision
+    return options
+
+
 def build_rollout_policy(cfg: Any, cpu_threads: int | None = None) -> Policy:
     """What a rollout worker acts with: the model's policy (``rollout.backend: huggingface``), or
     the serving engine the model registry names for the backend, started on the same weights
-    (``cpu_threads``: the worker's CPU slots, on a machine without GPUs)."""
+    (``cpu_threads``: the worker's CPU slots, on a machine without GPUs), in
+    ``rollout.model.precision`` where it is set (the synced weights are cast to it)."""
     backend = cfg.rollout.backend
+    options = rollout_options(cfg)
     if backend == "huggingface":
-        return build_policy(cfg.actor.model)
-    from omegaconf import OmegaConf
-
+        return build_policy(options)
     from embodied.config import schema
 
-    options = OmegaConf.to_container(cfg.actor.model, resolve=True)
     schema.check(options, "actor.model.", options["model_type"])
     engine = load(POLICIES.declared(options["model_type"])["rollout"][backend])
     return engine(options, OmegaConf.to_container(cfg.rollout, resolve=True), cpu_threads=cpu_threads)

@@ -8,8 +8,9 @@
   ``MixedPrecisionPolicy`` (parameters gathered and computed in ``param_dtype``, gradients reduced
   in ``reduce_dtype``; the sharded master weights and the optimizer stay fp32).
 - ``actor.fsdp_config.amp_autocast``: ``torch.autocast`` around the policy's forward pass in
-  training (bf16 on CPU or GPU, fp16 on GPU); losses are computed in fp32.
-- ``actor.fsdp_config.grad_scaler``: dynamic loss scaling for fp16 autocast (GPU only).
+  training (bf16 or fp16, on CPU or GPU); losses are computed in fp32.
+- ``actor.fsdp_config.grad_scaler``: dynamic loss scaling for fp16 autocast (torch's
+  ``GradScaler``, on CPU too; with FSDP2 an inf in any rank's shard skips the step on every rank).
 - ``actor.fsdp_config.cpu_offload`` (+ ``offload_pin_memory`` on GPU): FSDP2's
   ``CPUOffloadPolicy``, sharded parameters, gradients and optimizer state live in host memory.
 """

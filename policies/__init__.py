@@ -33,8 +33,10 @@ POLICIES.add("causal_lm", "policies.causal_lm:CausalLMPolicy", task_types=("math
                     "runner.seq_length": "the prompt and response tokens",
                     "rollout.eos": "the token that ends a response",
                     "rollout.padding": "the token that pads a response",
-                    "actor.tokenizer": "its own tokenizer; the others read the one saved in their checkpoint"})
+                    "actor.tokenizer": "its own tokenizer; the others read the one saved in their checkpoint",
+                    "rollout.model.precision": "the rollout model's dtype"})
 POLICIES.add("cnn", "policies.cnn:CNNPolicy")
 POLICIES.add("mlp", "policies.mlp:MLPPolicy")
 POLICIES.add("openvla_oft", "policies.openvla_oft:OpenVLAOFTPolicy",
-             reads={**TOKEN_SAMPLING, "runner.max_prompt_length": "the tokens of a task description"})
+             reads={**TOKEN_SAMPLING, "runner.max_prompt_length": "the tokens of a task description",
+                    "rollout.model.precision": "the rollout model's dtype"})

@@ -278,3 +278,27 @@ def test_a_value_head_reads_the_prompts_last_hidden_state_and_keeps_with_the_ada
     full = CausalLMPolicy(cfg | {"is_lora": False})
     full.save_checkpoint(tmp_path / "full")
     assert heads <= set(torch.load(tmp_path / "full" / "model.pt", weights_only=True))
+
+
+@pytest.mark.parametrize("precision,gap", [("bf16", 0.1), ("fp16", 0.02)])
+def test_a_rollout_precision_builds_the_rollout_model_in_it_and_casts_the_synced_weights(tiny_math, precision, gap):
+    """``rollout.model.precision``: the rollout worker's policy holds the actor's weights in that
+    dtype after a sync; its samples are scored by the fp32 actor within the dtype's rounding."""
+    from embodied.backends import build_rollout_policy
+    from embodied.config import build_policy, compose
+
+    cfg = compose("math_grpo_tiny", [f"actor.model.model_path={tiny_math['model']}",
+                                     f"rollout.model.precision={precision}"])
+    actor, rollout = build_policy(cfg.actor.model), build_rollout_policy(cfg)
+    assert {p.dtype for p in actor.parameters()} == {torch.float32}
+    with torch.no_grad():  # the actor trained a step
+        for p in actor.parameters():
+            p.add_(torch.randn_like(p), alpha=0.01)
+    rollout.load_trainable_state_dict(actor.trainable_state_dict())
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    for (name, mine), theirs in zip(rollout.state_dict().items(), actor.state_dict().values()):
+        assert mine.dtype == dtype and torch.equal(mine, theirs.to(dtype)), name
+    torch.manual_seed(0)
+    out = rollout.act(_obs(tiny_math))
+    again = actor.evaluate(out.forward_inputs, out.actions)
+    assert 0 < (again.logprobs - out.logprobs)[out.token_mask].abs().max() < gap

@@ -488,7 +488,7 @@ rollout:
   model:
     model_path: {model}
     model_type: qwen2.5
-    precision: fp32
+    precision: fp16  # rollouts in fp16 beside an fp32 actor, as RLinf's math configs do
   enforce_eager: False
   distributed_executor_backend: mp
   disable_log_stats: False
@@ -999,6 +999,7 @@ def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_pat
     assert cfg.actor.tokenizer.padding_side == "left" and cfg.actor.fsdp_config.strategy == "fsdp2"
     assert cfg.actor.fsdp_config.amp_autocast.enabled == (style == "v0.1")
     assert cfg.actor.fsdp_config.mixed_precision.param_dtype == "fp32"  # null: no mixed-precision policy
+    assert cfg.rollout.model.precision == "fp16" and cfg.actor.model.precision == "fp32"
     assert not cfg.actor.optim.fp16 and not cfg.actor.optim.use_distributed_optimizer  # theirs (true), dropped
     assert cfg.data.train_data_paths == [str(tiny_math["data"] / "train.jsonl")]
     assert cfg.data.apply_chat_template is False and cfg.env.train.init_params.apply_chat_template is False

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from core.registry import load
 from embodied.config import refused, schema, validate
-from embodied.backends import BACKENDS
+from embodied.backends import BACKENDS, rollout_options
 from embodied.config import ConfigError, compose
 from embodied.config.schema import CONFIG_DIR
 from embodied.config.schema import Rule, RuleError, parse_rule
@@ -336,18 +336,18 @@ def test_a_key_of_another_model_names_the_models_that_read_it():
 @pytest.mark.parametrize("config", ["math_grpo_tiny", "maniskill_ppo_openvla_oft"])
 def test_a_model_type_reads_the_keys_it_declares(config):
     """Each key outside the model's options that a model type declares (``reads`` in
-    policies/__init__.py) changes, when set, what its policy class is built from, or is one the
-    rollout worker reads for it (the eval temperature); leaves refused under every model type
-    (``actor.tokenizer.padding_side: right``) aside."""
+    policies/__init__.py) changes, when set, what its policy classes (the actor's, the rollout
+    worker's) are built from, or is one the rollout worker reads for it (the eval temperature);
+    leaves refused under every model type (``actor.tokenizer.padding_side: right``) aside."""
     from embodied.workers.rollout import CONFIG_KEYS as ROLLOUT_READS
 
     cfg = compose(config)
     kind = cfg.actor.model.model_type
     own = {k for c in POLICIES.get(kind).__mro__ for k in vars(c).get("config_keys", ())}
 
-    def built_from(cfg):
-        model = OmegaConf.to_container(cfg.actor.model, resolve=True)
-        return {k: model.get(k) for k in own}
+    def built_from(cfg):  # the actor's policy and the rollout worker's
+        model, rollout = OmegaConf.to_container(cfg.actor.model, resolve=True), rollout_options(cfg)
+        return [{k: options.get(k) for k in own} for options in (model, rollout)]
 
     before = built_from(cfg)
     for declared in POLICIES.reads(kind):

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from embodied.cli import load
 from embodied.config import ConfigError, compose
-from embodied.training_options import autocast, build_optimizer, fsdp_options
+from embodied.training_options import autocast, build_optimizer, fsdp_options, grad_scaler
 from embodied.config import schema
 from embodied.config.refused import REFUSED, refusal, refuse_unsupported
 from embodied.config import build_policy
@@ -78,6 +78,61 @@ def test_precision_and_offload_options():
     ]:
         with pytest.raises(ConfigError, match=match):
             load("maniskill_ppo_mlp", overrides)
+
+
+FP16 = ["actor.fsdp_config.amp_autocast.enabled=true", "actor.fsdp_config.amp_autocast.precision=fp16",
+        "actor.fsdp_config.grad_scaler.enabled=true"]
+
+
+def _fp16_rank(rank: int, port: int, results) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fsdp, cpu = load("maniskill_ppo_mlp", FP16)[0].actor.fsdp_config, torch.device("cpu")  # validated
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 4)
+        fully_shard(layer)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        scaler, forward = grad_scaler(fsdp, cpu), autocast(fsdp, cpu)
+        moved = []
+        for step in range(2):
+            with forward():
+                out = layer(torch.randn(3, 4, generator=torch.Generator().manual_seed(step)))
+            scaler.scale(out.float().square().mean()).backward()
+            if step == 1 and rank == 1:  # an overflow in one rank's shard only
+                layer.weight.grad.to_local().fill_(float("inf"))
+            before = layer.weight.full_tensor().clone()
+            scaler.step(optimizer)
+            scaler.update()
+            moved.append(not torch.equal(before, layer.weight.full_tensor()))
+            optimizer.zero_grad()
+        results[rank] = (out.dtype, moved, scaler.get_scale())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fp16_autocast_with_loss_scaling_runs_on_cpu_and_an_overflow_on_one_rank_skips_the_step_on_both():
+    """fp16 autocast and torch's GradScaler on the CPU (FSDP2 on two gloo ranks): the forward pass
+    computes in fp16, a clean step moves the weights, an inf in one rank's gradient shard skips the
+    next step on every rank (the weights stay identical across ranks) and halves the scale."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_fp16_rank, args=(port, results), nprocs=2)
+        init = compose("maniskill_ppo_mlp").actor.fsdp_config.grad_scaler.init_scale
+        assert dict(results) == {rank: (torch.float16, [True, False], init / 2) for rank in (0, 1)}
 
 
 def test_gradient_checkpointing_recomputes_the_trunks_and_keeps_the_gradients():

@@ -91,8 +91,10 @@ REFUSED: dict[str, str] = {
     "rollout.mode": "choosing the mode, because it follows from cluster.component_placement "
                     "(collocated, disaggregated or hybrid, printed at start)",
     "rollout.channel.name": "a channel of its own, because env, rollout and actor share env.channel.name",
-    "rollout.model": "a rollout model of its own, because rollout workers run actor.model with the "
-                     "weights the actor syncs every step",
+    "rollout.model.model_path": "a rollout model of its own, because rollout workers run actor.model with "
+                                "the weights the actor syncs every step",
+    "rollout.model.model_type": "a rollout model of its own, because rollout workers run actor.model with "
+                                "the weights the actor syncs every step",
     "rollout.detokenize": "detokenized rollouts, because the text env decodes responses itself "
                           "(validation samples go to samples.jsonl in runner.logger.log_path)",
     "rollout.print_outputs": "printing rollouts, because validation samples go to samples.jsonl in "

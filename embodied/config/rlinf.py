@@ -291,6 +291,12 @@ def _same_as_actor(name: str) -> Callable[[Any, Their, str], dict[str, Any]]:
     return convert
 
 
+def _rollout_precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    value = PRECISIONS.get(value, value)
+    actor = their.get("actor.model.precision", value)
+    return {} if value == PRECISIONS.get(actor, actor) else {their.key: value}
+
+
 def _buffer_dtype(value: Any, their: Their, rest: str) -> dict[str, Any]:
     if value is None or value == their.get("actor.model.precision"):
         return {}  # FSDP2 keeps buffers in the model's own dtype (our fp32 default means that)
@@ -464,8 +470,8 @@ RLINF_KEYS: dict[str, Rule] = {
                                         "actor.model.model_path", _same_as_actor("model_path")),
     "rollout.model.model_type": Convert("rollout.model.model_type", "null (= the actor's) when it is "
                                         "actor.model.model_type", _same_as_actor("model_type")),
-    "rollout.model.precision": Implied(lambda v, their: v == their.get("actor.model.precision"),
-                                       "rollout workers run actor.model at actor.model.precision here"),
+    "rollout.model.precision": Convert("rollout.model.precision", "null (= the actor's) when it is "
+                                       "actor.model.precision", _rollout_precision),
     "rollout.return_logprobs": Implied(lambda v, their: v == (not their.get("algorithm.recompute_logprobs")),
                                        "the rollout always returns its log-probs here; "
                                        "rollout.recompute_logprobs says whether the actor recomputes them"),

@@ -247,13 +247,9 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
         _fail("actor.lr_sched.min_lr", cfg.actor.lr_sched.min_lr,
               f"at most actor.lr_sched.max_lr ({cfg.actor.lr_sched.max_lr})")
     gpu = accelerator == "gpu"
-    if fsdp.amp_autocast.enabled and fsdp.amp_autocast.precision == "fp16" and not gpu:
-        raise ConfigError("actor.fsdp_config.amp_autocast.precision: not supported: fp16 on CPU, "
-                          "because fp16 training needs loss scaling, which runs on CUDA; use bf16")
-    if fsdp.grad_scaler.enabled and not (gpu and fsdp.amp_autocast.enabled
-                                         and fsdp.amp_autocast.precision == "fp16"):
+    if fsdp.grad_scaler.enabled and not (fsdp.amp_autocast.enabled and fsdp.amp_autocast.precision == "fp16"):
         raise ConfigError("actor.fsdp_config.grad_scaler.enabled: not supported here, because loss "
-                          "scaling is for fp16 autocast on CUDA (amp_autocast.enabled with precision fp16)")
+                          "scaling is for fp16 autocast (amp_autocast.enabled with precision fp16)")
     if fsdp.offload_pin_memory and not (gpu and fsdp.cpu_offload):
         raise ConfigError("actor.fsdp_config.offload_pin_memory: not supported here, because pinned "
                           "host memory needs CUDA and actor.fsdp_config.cpu_offload")

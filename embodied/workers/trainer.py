@@ -96,8 +96,10 @@ class TrainerWorker(Worker):
         norm = self.backend.clip_gradients(self.policy, self.cfg.actor.optim.clip_grad)
         sums["actor/grad_norm"] = norm
         if self.scaler:  # fp16: the scaler skips steps with inf gradients and lowers its scale
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            sums["actor/skipped_updates"] = float(self.scaler.get_scale() < scale)
         # a non-finite loss on any rank makes the (global, so same on every rank) norm non-finite
         elif math.isfinite(norm):
             self.optimizer.step()
