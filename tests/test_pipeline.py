@@ -106,17 +106,39 @@ def test_offload_between_phases_trains_exactly_like_resident_workers(tmp_path):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
+@pytest.fixture(scope="module")
+def exit_by_themselves():
+    """Processes that must exit by themselves by a deadline: ``(processes, deadline, run pid)``,
+    checked when the module's tests are done, with the run's shared memory gone. (A killed run's
+    Ray agents give its dead GCS 60 s before they exit: waiting for them in the test would idle
+    the machine that long.)"""
+    waits: list[tuple[list[psutil.Process], float, int]] = []
+    yield waits
+    for family, deadline, pid in waits:
+        _, alive = psutil.wait_procs(family, timeout=max(1.0, deadline - time.monotonic()))
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        assert not alive, f"processes of the killed run {pid} still ran 120 s after the kill: {alive}"
+        assert not list(Path("/dev/shm").glob(f"embch.*.{pid}.*"))
+
+
+def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_themselves):
     """SIGKILL between checkpoints, rerun the same command: it resumes from the last complete
     checkpoint, and every metric after it (train, update, eval) and the final weights are the
-    uninterrupted run's. Training envs auto-reset at the time limit, so each step's rollout is one
-    episode per env and the next episode's reset state crosses the checkpoint."""
+    uninterrupted run's (made beside it). Training envs auto-reset at the time limit, so each
+    step's rollout is one episode per env and the next episode's reset state crosses the
+    checkpoint. Every process of the killed run exits by itself (``exit_by_themselves``)."""
     steps = 6
     args = ["runner.max_epochs=6", "runner.save_interval=3", "runner.val_check_interval=2",
             "env.train.auto_reset=true", "env.train.ignore_terminations=true"]
     command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", TWO_ACTOR_RANKS), *args,
                "runner.resume_dir=auto"]
     log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
+    # both runs as the killed one ran, in processes (and Ray clusters) of their own
+    with open(tmp_path / "straight.out", "w") as out, open(tmp_path / "straight.err", "w") as err:
+        straight = subprocess.Popen([*command[:4], *tiny(tmp_path, "straight", TWO_ACTOR_RANKS), *args],
+                                    stdout=out, stderr=err)
     with open(tmp_path / "killed.err", "w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     family: list[psutil.Process] = []
@@ -129,7 +151,7 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
         family = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        killed = time.monotonic()
+        exit_by_themselves.append((family, time.monotonic() + 120, proc.pid))
         assert [p.name for p in checkpoint.list_checkpoints(ckpts)] == ["global_step_3"]
         # what a kill during the next save would have left: resume must not pick it
         partial = checkpoint.partial_dir(ckpts, 6)
@@ -137,26 +159,19 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path):
         (partial / "actor" / "model.pt").write_bytes(b"torn")
         before = set((log / "tensorboard").iterdir())
 
-        # the same command, right away; both runs as the killed one ran, in processes of their own
+        # the same command, right away
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"resumed from {ckpts / 'global_step_3'} at step 3" in done.stdout
         (resumed,) = set((log / "tensorboard").iterdir()) - before
 
-        done = subprocess.run([*command[:4], *tiny(tmp_path, "straight", TWO_ACTOR_RANKS), *args],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        straight = json.loads(done.stdout.strip().splitlines()[-1])
-        assert straight["env_steps"] == steps * 4 * 10
-        # every process of the killed run has exited by itself (Ray's agents give the dead GCS
-        # 60 s before they exit) and its shared memory is gone
-        _, alive = psutil.wait_procs(family, timeout=max(1.0, killed + 120 - time.monotonic()))
-        assert not alive
-        assert not list(Path("/dev/shm").glob(f"embch.*.{proc.pid}.*"))
+        assert straight.wait(timeout=600) == 0, (tmp_path / "straight.err").read_text()[-3000:]
+        last = (tmp_path / "straight.out").read_text().strip().splitlines()[-1]
+        assert json.loads(last)["env_steps"] == steps * 4 * 10
     finally:
-        for p in family:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        for run in (straight, proc):
+            if run.poll() is None:  # the test failed before the run ended
+                run.kill()
     tags = [t for t in _tags(tmp_path / "straight") if not t.startswith("time/")]
     assert {"train/return", "actor/policy_loss", "actor/approx_kl", "critic/value_loss",
             "eval/return"} <= set(tags)
