@@ -58,6 +58,15 @@ def leaked_segments(before: set[str], settle: float = SETTLE_S) -> list[str]:
         time.sleep(0.2)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with slow tests first, the others after them, each in its own order: the full
+    tier runs in two processes, one module at a time each (scripts/test.sh: pytest-xdist's
+    ``--dist loadfile``), and the short modules then fill the end instead of one long module
+    running alone at it."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture(autouse=True)
 def no_shared_memory_left_behind():
     before = _segments()
