@@ -36,7 +36,7 @@ from core.backend import TrainingBackend
 from core.errors import ConfigError
 from core.registry import Registry, load
 from embodied.config import build_policy
-from embodied.training_options import fsdp_options
+from embodied.training_options import fsdp_mesh, fsdp_options
 from policies import POLICIES
 from policies.base import Policy
 from policies.megatron import READ as MEGATRON_READS
@@ -61,7 +61,8 @@ class FSDP(TrainingBackend):
 
     def wrap(self, policy: Policy) -> Policy:
         """Shard the policy: large models block by block (``shard_units``), then the root."""
-        shard = fsdp_options(self.cfg.actor.fsdp_config)
+        fsdp = self.cfg.actor.fsdp_config
+        shard = fsdp_options(fsdp, fsdp_mesh(fsdp, next(policy.parameters()).device))
         for unit in policy.shard_units():
             fully_shard(unit, **shard)
         return fully_shard(policy, **shard)

@@ -13,6 +13,10 @@
   ``GradScaler``, on CPU too; with FSDP2 an inf in any rank's shard skips the step on every rank).
 - ``actor.fsdp_config.cpu_offload`` (+ ``offload_pin_memory`` on GPU): FSDP2's
   ``CPUOffloadPolicy``, sharded parameters, gradients and optimizer state live in host memory.
+- ``actor.fsdp_config.sharding_strategy``: ``full_shard`` (FSDP2's default), ``shard_grad_op``
+  (parameters stay gathered from the forward to the backward pass: ``reshard_after_forward``
+  false), ``no_shard`` (every rank holds whole parameters and optimizer state, gradients are
+  all-reduced: FSDP2 over a replicate x shard mesh whose shard dimension is 1, as DDP).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 from policies.weights import DTYPES
@@ -30,6 +36,7 @@ from policies.weights import DTYPES
 CONFIG_KEYS = ("actor.optim.optimizer", "actor.optim.adam_beta1", "actor.optim.adam_beta2",
                "actor.optim.adam_eps", "actor.optim.weight_decay", "actor.fsdp_config.cpu_offload",
                "actor.fsdp_config.offload_pin_memory", "actor.fsdp_config.reshard_after_forward",
+               "actor.fsdp_config.sharding_strategy",
                "actor.fsdp_config.mixed_precision.param_dtype",
                "actor.fsdp_config.mixed_precision.reduce_dtype", "actor.fsdp_config.amp_autocast.enabled",
                "actor.fsdp_config.amp_autocast.precision", "actor.fsdp_config.grad_scaler.enabled",
@@ -47,9 +54,12 @@ def build_optimizer(groups: list[dict[str, Any]], optim: Any) -> torch.optim.Opt
                weight_decay=optim.weight_decay)
 
 
-def fsdp_options(fsdp: Any) -> dict[str, Any]:
-    """Keyword arguments of every ``fully_shard`` call of the actor."""
-    options: dict[str, Any] = {"reshard_after_forward": fsdp.reshard_after_forward}
+def fsdp_options(fsdp: Any, mesh: DeviceMesh | None = None) -> dict[str, Any]:
+    """Keyword arguments of every ``fully_shard`` call of the actor (``mesh``: ``fsdp_mesh``'s)."""
+    options: dict[str, Any] = {"reshard_after_forward": fsdp.reshard_after_forward
+                               and fsdp.sharding_strategy != "shard_grad_op"}
+    if mesh is not None:
+        options["mesh"] = mesh
     mp = fsdp.mixed_precision
     if (mp.param_dtype, mp.reduce_dtype) != ("fp32", "fp32"):
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[mp.param_dtype],
@@ -57,6 +67,16 @@ def fsdp_options(fsdp: Any) -> dict[str, Any]:
     if fsdp.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=fsdp.offload_pin_memory)
     return options
+
+
+def fsdp_mesh(fsdp: Any, device: torch.device) -> DeviceMesh | None:
+    """The device mesh of ``no_shard`` (all ranks replicate, none shards), or None: FSDP2's
+    default, one dimension over every rank (after ``init_process_group``)."""
+    if fsdp.sharding_strategy != "no_shard":
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
 
 
 def autocast(fsdp: Any, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:

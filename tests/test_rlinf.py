@@ -271,6 +271,7 @@ max_steps_per_rollout_epoch: 512
 max_episode_steps: 512
 use_fixed_reset_state_ids: True
 use_ordered_reset_state_ids: False
+specific_reset_id: null
 use_rel_reward: True
 reward_coef: 5.0
 reset_gripper_open: True
@@ -870,15 +871,13 @@ def test_mlp_ppo_dry_runs_as_written_and_lands_on_our_mlp(mlp_ppo, capsys):
     assert (model.model_type, model.state_dim, list(model.hidden_dims)) == ("mlp", 42, [256, 256, 256])
     assert "precision" not in model and "lora_rank" not in model and "model_path" not in model
     assert (fsdp.mixed_precision.param_dtype, fsdp.mixed_precision.reduce_dtype) == ("fp32", "fp32")  # their "32"
-    assert fsdp.sharding_strategy == "full_shard"  # their no_shard, on the one actor rank
+    assert fsdp.sharding_strategy == "no_shard"  # theirs: replicated on each actor rank (one here)
     assert cfg.algorithm.huber_delta == 10.0 and cfg.algorithm.gamma == 0.8
     params = cfg.env.train.init_params
     assert (params.id, params.sim_freq, params.control_freq, params.shader_pack) == ("PickCube-v1", 100, 20, "default")
 
 
 @pytest.mark.parametrize("edit, keys, why", [
-    (("env,rollout,actor: 0", "env,rollout: 0\n    actor: 0-1"), ["actor.fsdp_config.sharding_strategy"],
-     "other strategies than full_shard"),
     (('precision: "32"', 'precision: "bf16"'), ["actor.model.precision"], "the MLP here computes in fp32"),
     (('model_path: ""\n    model_type', 'model_path: "/some/mlp.pt"\n    model_type'),
      ["actor.model.model_path", "rollout.model.model_path"], "the MLP here starts from scratch"),
@@ -944,6 +943,17 @@ def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tm
                                                             "env.train.use_ordered_reset_state_ids=false"], libero_current)
     assert unordered.env.train.reset_state_order == "random"  # RLinf's draws with replacement
     assert cfg.runner.experiment_name == "libero_10_grpo"
+
+
+def test_a_specific_reset_id_is_that_task_and_init_state_for_every_env(libero_current, tiny_oft, tmp_path):
+    """RLinf numbers a LIBERO suite's reset states task by task, 50 each: id 53 is task 1's
+    init state 3."""
+    assets = stand_in_assets(tmp_path / "libero_assets")
+    cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets),
+                                                      "env.train.specific_reset_id=53"], libero_current)
+    params = cfg.env.train.init_params
+    assert list(params.task_ids) == [1] and list(params.init_state_range) == [3, 4]
+    assert cfg.env.eval.init_params.task_ids is None  # null: the eval split keeps the whole suite
 
 
 def test_eval_only_leaves_the_training_envs_settings_alone(libero_current):

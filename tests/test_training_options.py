@@ -135,6 +135,64 @@ def test_fp16_autocast_with_loss_scaling_runs_on_cpu_and_an_overflow_on_one_rank
         assert dict(results) == {rank: (torch.float16, [True, False], init / 2) for rank in (0, 1)}
 
 
+def _sharding_rank(rank: int, port: int, results) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from embodied.training_options import fsdp_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        for strategy in ("full_shard", "shard_grad_op", "no_shard"):
+            fsdp = load("maniskill_ppo_mlp", [f"actor.fsdp_config.sharding_strategy={strategy}"])[0].actor.fsdp_config
+            torch.manual_seed(0)
+            layer = torch.nn.Linear(4, 2)
+            fully_shard(layer, **fsdp_options(fsdp, fsdp_mesh(fsdp, torch.device("cpu"))))
+            held = tuple(layer.weight.to_local().shape)
+            optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(rank))  # each rank its own samples
+            layer(x).square().mean().backward()
+            optimizer.step()
+            results[(rank, strategy)] = (held, *(p.full_tensor().detach().clone() for p in (layer.weight, layer.bias)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sharding_strategies_hold_what_they_say_and_train_the_same():
+    """Two gloo ranks, each on its own samples: full_shard and shard_grad_op hold half the weight
+    matrix per rank, no_shard all of it; one AdamW step gives every rank and every strategy the
+    weights of one process stepping on the mean gradient of both ranks' losses."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_sharding_rank, args=(port, results), nprocs=2)
+        results = dict(results)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    losses = [layer(torch.randn(3, 4, generator=torch.Generator().manual_seed(r))).square().mean() for r in (0, 1)]
+    (sum(losses) / 2).backward()
+    optimizer.step()
+    for (rank, strategy), (held, weight, bias) in results.items():
+        assert held == ((2, 4) if strategy == "no_shard" else (1, 4)), (rank, strategy)
+        torch.testing.assert_close(weight, layer.weight.detach())
+        torch.testing.assert_close(bias, layer.bias.detach())
+    assert fsdp_options(compose("maniskill_ppo_mlp", ["actor.fsdp_config.sharding_strategy=shard_grad_op"])
+                        .actor.fsdp_config)["reshard_after_forward"] is False
+    with pytest.raises(ConfigError, match="actor.fsdp_config.sharding_strategy: not supported: hybrid_shard"):
+        load("maniskill_ppo_mlp", ["actor.fsdp_config.sharding_strategy=hybrid_shard"])
+
+
 def test_gradient_checkpointing_recomputes_the_trunks_and_keeps_the_gradients():
     cfg = compose("maniskill_ppo_mlp").actor.model
     torch.manual_seed(0)

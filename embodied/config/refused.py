@@ -110,9 +110,6 @@ REFUSED: dict[str, str] = {
                                         "checkpoint's",
     "actor.tokenizer.padding_side": "right padding, because prompts are left-padded for batched generation",
     "actor.fsdp_config.strategy": "FSDP1, because only FSDP2 (fully_shard) is implemented",
-    "actor.fsdp_config.sharding_strategy": "other strategies than full_shard, because FSDP2 always shards "
-                                           "fully (reshard_after_forward: false keeps parameters "
-                                           "gathered, like shard_grad_op)",
     "actor.fsdp_config.enable_gradient_accumulation": FSDP1 + ", which syncs only the last micro-batch",
     "actor.fsdp_config.forward_prefetch": FSDP1 + ", which prefetches by itself",
     "actor.fsdp_config.limit_all_gathers": FSDP1,

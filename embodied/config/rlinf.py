@@ -44,6 +44,7 @@ ENV_TYPES = ("maniskill", "libero")
 PRECISIONS = {"bf16-mixed": "bf16", 16: "fp16", "16": "fp16", "16-mixed": "fp16", 32: "fp32", "32": "fp32",
               "32-true": "fp32"}
 SPLITS = ("train", "eval")
+LIBERO_INIT_STATES = 50  # init states of each task of LIBERO's suites
 NATIVE_NAME = "native"  # the translated experiment's file name in its temporary folder
 
 
@@ -248,17 +249,6 @@ def _control_mode(value: Any, their: Their, rest: str) -> dict[str, Any]:
     return {their.key: value}
 
 
-def _one_actor_rank(their: Their) -> bool:
-    for key, value in their.leaves.items():
-        if key.startswith("cluster.component_placement.") and "actor" in key.split(".")[2].split(","):
-            return str(value).strip().isdigit()
-    return False
-
-
-def _sharding(value: Any, their: Their, rest: str) -> dict[str, Any]:
-    return {} if value == "no_shard" and _one_actor_rank(their) else {their.key: value}
-
-
 def _precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
     value = PRECISIONS.get(value, value)
     if their.model_type != "mlp_policy":
@@ -266,6 +256,15 @@ def _precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
     if value != "fp32":
         raise Untranslatable("the MLP here computes in fp32")
     return {}
+
+
+def _specific_reset_id(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """RLinf numbers a suite's reset states task by task; every task of LIBERO's suites has 50."""
+    if value is None:
+        return {}
+    task, state = divmod(int(value), LIBERO_INIT_STATES)
+    return {f"env.{their.split}.init_params.task_ids": [task],
+            f"env.{their.split}.init_params.init_state_range": [state, state + 1]}
 
 
 def _reset_state_order(value: Any, their: Their, rest: str) -> dict[str, Any]:
@@ -489,8 +488,7 @@ RLINF_KEYS: dict[str, Rule] = {
     "actor.fsdp_config.amp.precision": Rename("actor.fsdp_config.amp_autocast.precision"),
     "actor.fsdp_config.amp.use_grad_scaler": Rename("actor.fsdp_config.grad_scaler.enabled"),
     "actor.fsdp_config.gradient_checkpointing": Rename("actor.model.gradient_checkpointing"),
-    "actor.fsdp_config.sharding_strategy": Convert("actor.fsdp_config.sharding_strategy", "no_shard on one actor "
-                                                   "rank -> dropped (one rank has nothing to shard)", _sharding),
+    "actor.fsdp_config.sharding_strategy": Rename("actor.fsdp_config.sharding_strategy"),
     "actor.fsdp_config.strategy": Rename("actor.fsdp_config.strategy", {"fsdp": "fsdp2"}),
     **{f"actor.fsdp_config.{key}": Convert(f"actor.fsdp_config.{key}", "dropped with strategy fsdp (an FSDP1 "
                                            "tuning option; FSDP2 prefetches by itself)", _fsdp1_only)
@@ -565,8 +563,9 @@ RLINF_KEYS: dict[str, Rule] = {
     "env.*.reward_mode": Implied(_equals("raw"), "rewards are the simulator's own here "
                                  "(ManiSkill's kind: init_params.reward_mode)"),
     "env.*.use_step_penalty": Implied(_equals(False), "no step penalty here"),
-    "env.*.specific_reset_id": Implied(_equals(None), "one reset state for all envs is not a setting here "
-                                       "(init_params picks the reset states)"),
+    "env.*.specific_reset_id": Convert("env.*.init_params.task_ids, env.*.init_params.init_state_range",
+                                       "id k (RLinf's numbering: task k // 50, its init state k % 50) -> that "
+                                       "task and that one init state", _specific_reset_id),
     "env.*.wrap_obs_mode": Implied(_equals("simple"), "observations here are main_images, wrist_images, "
                                    "states and task_descriptions (RLinf's simple wrapping)"),
     "env.*.use_full_state": Implied(_equals(False), "states here are the robot's proprioception"),

@@ -247,6 +247,9 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
         _fail("actor.lr_sched.min_lr", cfg.actor.lr_sched.min_lr,
               f"at most actor.lr_sched.max_lr ({cfg.actor.lr_sched.max_lr})")
     gpu = accelerator == "gpu"
+    if fsdp.sharding_strategy == "hybrid_shard":
+        raise ConfigError("actor.fsdp_config.sharding_strategy: not supported: hybrid_shard, because the actor's "
+                          "ranks form one FSDP2 mesh (full_shard shards over all of them, no_shard replicates)")
     if fsdp.grad_scaler.enabled and not (fsdp.amp_autocast.enabled and fsdp.amp_autocast.precision == "fp16"):
         raise ConfigError("actor.fsdp_config.grad_scaler.enabled: not supported here, because loss "
                           "scaling is for fp16 autocast (amp_autocast.enabled with precision fp16)")
