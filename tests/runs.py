@@ -126,3 +126,19 @@ class Run:
 
     def last_error_line(self) -> str:
         return self.stderr.read_text().strip().splitlines()[-1]
+
+
+def on_two_gloo_ranks(fn) -> dict:
+    """``fn(rank, port, results)`` in two spawned processes (each calls ``init_process_group("gloo")``
+    on ``127.0.0.1:port``); returns what they put in the shared ``results`` dict."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(fn, args=(port, results), nprocs=2)
+        return dict(results)

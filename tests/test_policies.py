@@ -239,14 +239,6 @@ def _fsdp_rank(rank, port, results):
 
 @pytest.mark.slow
 def test_evaluate_under_fsdp2_reproduces_act():
-    import socket
+    from tests.runs import on_two_gloo_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_fsdp_rank, args=(port, results), nprocs=2)
-        assert dict(results) == {0: (True, True), 1: (True, True)}
+    assert on_two_gloo_ranks(_fsdp_rank) == {0: (True, True), 1: (True, True)}

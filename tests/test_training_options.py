@@ -14,6 +14,7 @@ from embodied.training_options import autocast, build_optimizer, fsdp_options, g
 from embodied.config import schema
 from embodied.config.refused import REFUSED, refusal, refuse_unsupported
 from embodied.config import build_policy
+from tests.runs import on_two_gloo_ranks
 
 
 def optim_cfg(**changes):
@@ -121,18 +122,8 @@ def test_fp16_autocast_with_loss_scaling_runs_on_cpu_and_an_overflow_on_one_rank
     """fp16 autocast and torch's GradScaler on the CPU (FSDP2 on two gloo ranks): the forward pass
     computes in fp16, a clean step moves the weights, an inf in one rank's gradient shard skips the
     next step on every rank (the weights stay identical across ranks) and halves the scale."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_fp16_rank, args=(port, results), nprocs=2)
-        init = compose("maniskill_ppo_mlp").actor.fsdp_config.grad_scaler.init_scale
-        assert dict(results) == {rank: (torch.float16, [True, False], init / 2) for rank in (0, 1)}
+    init = compose("maniskill_ppo_mlp").actor.fsdp_config.grad_scaler.init_scale
+    assert on_two_gloo_ranks(_fp16_rank) == {rank: (torch.float16, [True, False], init / 2) for rank in (0, 1)}
 
 
 def _sharding_rank(rank: int, port: int, results) -> None:
@@ -166,17 +157,7 @@ def test_sharding_strategies_hold_what_they_say_and_train_the_same():
     """Two gloo ranks, each on its own samples: full_shard and shard_grad_op hold half the weight
     matrix per rank, no_shard all of it; one AdamW step gives every rank and every strategy the
     weights of one process stepping on the mean gradient of both ranks' losses."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_sharding_rank, args=(port, results), nprocs=2)
-        results = dict(results)
+    results = on_two_gloo_ranks(_sharding_rank)
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
