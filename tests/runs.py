@@ -129,8 +129,8 @@ class Run:
 
 
 def on_two_gloo_ranks(fn) -> dict:
-    """``fn(rank, port, results)`` in two spawned processes (each calls ``init_process_group("gloo")``
-    on ``127.0.0.1:port``); returns what they put in the shared ``results`` dict."""
+    """``fn(rank, results)`` in two spawned processes, each a rank of a gloo process group on
+    127.0.0.1; returns what they put in the shared ``results`` dict."""
     import socket
 
     import torch.multiprocessing as mp
@@ -140,5 +140,16 @@ def on_two_gloo_ranks(fn) -> dict:
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(fn, args=(port, results), nprocs=2)
+        mp.spawn(_gloo_rank, args=(fn, port, results), nprocs=2)
         return dict(results)
+
+
+def _gloo_rank(rank: int, fn, port: int, results) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        fn(rank, results)
+    finally:
+        dist.destroy_process_group()

@@ -8,6 +8,7 @@ import torch
 
 from envs.text import load_prompts, load_tokenizer
 from policies.causal_lm import CausalLMPolicy
+from policies.weights import DTYPES
 
 
 def _cfg(model, **over):
@@ -295,7 +296,7 @@ def test_a_rollout_precision_builds_the_rollout_model_in_it_and_casts_the_synced
         for p in actor.parameters():
             p.add_(torch.randn_like(p), alpha=0.01)
     rollout.load_trainable_state_dict(actor.trainable_state_dict())
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    dtype = DTYPES[precision]
     for (name, mine), theirs in zip(rollout.state_dict().items(), actor.state_dict().values()):
         assert mine.dtype == dtype and torch.equal(mine, theirs.to(dtype)), name
     torch.manual_seed(0)

@@ -215,26 +215,18 @@ def test_ppo_improves_contextual_bandit_return(model_type, dist):
 
 
 # ------------------------------------------------------------------ under FSDP2 (2 gloo ranks)
-def _fsdp_rank(rank, port, results):
-    import os
-
-    import torch.distributed as dist
+def _fsdp_rank(rank, results):
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(0)
-        cfg = make_cfg(model_type="cnn")
-        rollout_copy, trained = build_policy(cfg), build_policy(cfg)
-        trained.load_state_dict(rollout_copy.state_dict())
-        out = rollout_copy.act(make_obs(6, seed=rank))
-        fully_shard(trained)
-        new = trained(out.forward_inputs, out.actions)  # forward == evaluate, so FSDP's hooks run
-        reduce_logprobs(new.logprobs, "chunk_level").mean().backward()
-        results[rank] = (torch.equal(new.logprobs, out.logprobs), torch.equal(new.values, out.values))
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    cfg = make_cfg(model_type="cnn")
+    rollout_copy, trained = build_policy(cfg), build_policy(cfg)
+    trained.load_state_dict(rollout_copy.state_dict())
+    out = rollout_copy.act(make_obs(6, seed=rank))
+    fully_shard(trained)
+    new = trained(out.forward_inputs, out.actions)  # forward == evaluate, so FSDP's hooks run
+    reduce_logprobs(new.logprobs, "chunk_level").mean().backward()
+    results[rank] = (torch.equal(new.logprobs, out.logprobs), torch.equal(new.values, out.values))
 
 
 @pytest.mark.slow

@@ -85,36 +85,28 @@ FP16 = ["actor.fsdp_config.amp_autocast.enabled=true", "actor.fsdp_config.amp_au
         "actor.fsdp_config.grad_scaler.enabled=true"]
 
 
-def _fp16_rank(rank: int, port: int, results) -> None:
-    import os
-
-    import torch.distributed as dist
+def _fp16_rank(rank: int, results) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        fsdp, cpu = load("maniskill_ppo_mlp", FP16)[0].actor.fsdp_config, torch.device("cpu")  # validated
-        torch.manual_seed(0)
-        layer = torch.nn.Linear(4, 4)
-        fully_shard(layer)
-        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-        scaler, forward = grad_scaler(fsdp, cpu), autocast(fsdp, cpu)
-        moved = []
-        for step in range(2):
-            with forward():
-                out = layer(torch.randn(3, 4, generator=torch.Generator().manual_seed(step)))
-            scaler.scale(out.float().square().mean()).backward()
-            if step == 1 and rank == 1:  # an overflow in one rank's shard only
-                layer.weight.grad.to_local().fill_(float("inf"))
-            before = layer.weight.full_tensor().clone()
-            scaler.step(optimizer)
-            scaler.update()
-            moved.append(not torch.equal(before, layer.weight.full_tensor()))
-            optimizer.zero_grad()
-        results[rank] = (out.dtype, moved, scaler.get_scale())
-    finally:
-        dist.destroy_process_group()
+    fsdp, cpu = load("maniskill_ppo_mlp", FP16)[0].actor.fsdp_config, torch.device("cpu")  # validated
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    fully_shard(layer)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler, forward = grad_scaler(fsdp, cpu), autocast(fsdp, cpu)
+    moved = []
+    for step in range(2):
+        with forward():
+            out = layer(torch.randn(3, 4, generator=torch.Generator().manual_seed(step)))
+        scaler.scale(out.float().square().mean()).backward()
+        if step == 1 and rank == 1:  # an overflow in one rank's shard only
+            layer.weight.grad.to_local().fill_(float("inf"))
+        before = layer.weight.full_tensor().clone()
+        scaler.step(optimizer)
+        scaler.update()
+        moved.append(not torch.equal(before, layer.weight.full_tensor()))
+        optimizer.zero_grad()
+    results[rank] = (out.dtype, moved, scaler.get_scale())
 
 
 @pytest.mark.slow
@@ -126,30 +118,22 @@ def test_fp16_autocast_with_loss_scaling_runs_on_cpu_and_an_overflow_on_one_rank
     assert on_two_gloo_ranks(_fp16_rank) == {rank: (torch.float16, [True, False], init / 2) for rank in (0, 1)}
 
 
-def _sharding_rank(rank: int, port: int, results) -> None:
-    import os
-
-    import torch.distributed as dist
+def _sharding_rank(rank: int, results) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from embodied.training_options import fsdp_mesh
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        for strategy in ("full_shard", "shard_grad_op", "no_shard"):
-            fsdp = load("maniskill_ppo_mlp", [f"actor.fsdp_config.sharding_strategy={strategy}"])[0].actor.fsdp_config
-            torch.manual_seed(0)
-            layer = torch.nn.Linear(4, 2)
-            fully_shard(layer, **fsdp_options(fsdp, fsdp_mesh(fsdp, torch.device("cpu"))))
-            held = tuple(layer.weight.to_local().shape)
-            optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(rank))  # each rank its own samples
-            layer(x).square().mean().backward()
-            optimizer.step()
-            results[(rank, strategy)] = (held, *(p.full_tensor().detach().clone() for p in (layer.weight, layer.bias)))
-    finally:
-        dist.destroy_process_group()
+    for strategy in ("full_shard", "shard_grad_op", "no_shard"):
+        fsdp = load("maniskill_ppo_mlp", [f"actor.fsdp_config.sharding_strategy={strategy}"])[0].actor.fsdp_config
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 2)
+        fully_shard(layer, **fsdp_options(fsdp, fsdp_mesh(fsdp, torch.device("cpu"))))
+        held = tuple(layer.weight.to_local().shape)
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(rank))  # each rank its own samples
+        layer(x).square().mean().backward()
+        optimizer.step()
+        results[(rank, strategy)] = (held, *(p.full_tensor().detach().clone() for p in (layer.weight, layer.bias)))
 
 
 @pytest.mark.slow

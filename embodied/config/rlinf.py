@@ -282,18 +282,14 @@ def _mlp_from_scratch(value: Any, their: Their, rest: str) -> dict[str, Any]:
     return {}
 
 
-def _same_as_actor(name: str) -> Callable[[Any, Their, str], dict[str, Any]]:
+def _same_as_actor(name: str, spellings: Mapping[Hashable, Any] = {}) -> Callable[[Any, Their, str], dict[str, Any]]:
     """``rollout.model.<name>``: null here means "the actor's", which is what RLinf's embodied
-    and math configs set it to."""
+    and math configs set it to; ``spellings`` maps RLinf's other spellings of a value to ours."""
     def convert(value: Any, their: Their, rest: str) -> dict[str, Any]:
-        return {} if value == their.get(f"actor.model.{name}", value) else {their.key: value}
+        value = spellings.get(value, value)
+        actor = their.get(f"actor.model.{name}", value)
+        return {} if value == spellings.get(actor, actor) else {their.key: value}
     return convert
-
-
-def _rollout_precision(value: Any, their: Their, rest: str) -> dict[str, Any]:
-    value = PRECISIONS.get(value, value)
-    actor = their.get("actor.model.precision", value)
-    return {} if value == PRECISIONS.get(actor, actor) else {their.key: value}
 
 
 def _buffer_dtype(value: Any, their: Their, rest: str) -> dict[str, Any]:
@@ -470,7 +466,7 @@ RLINF_KEYS: dict[str, Rule] = {
     "rollout.model.model_type": Convert("rollout.model.model_type", "null (= the actor's) when it is "
                                         "actor.model.model_type", _same_as_actor("model_type")),
     "rollout.model.precision": Convert("rollout.model.precision", "null (= the actor's) when it is "
-                                       "actor.model.precision", _rollout_precision),
+                                       "actor.model.precision", _same_as_actor("precision", PRECISIONS)),
     "rollout.return_logprobs": Implied(lambda v, their: v == (not their.get("algorithm.recompute_logprobs")),
                                        "the rollout always returns its log-probs here; "
                                        "rollout.recompute_logprobs says whether the actor recomputes them"),
