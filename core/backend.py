@@ -1,17 +1,21 @@
 """The training-backend contract: the steps a backend gives the actor, whatever distributes the
 policy (``actor.training_backend``, registered in ``embodied/backends.py``).
 
-One optimizer step on every actor rank, in this order::
+One optimizer step on every actor rank, in this order (``scaler``: ``loss_scaler``'s, if any)::
 
     for each micro-batch:
         backend.micro_batch(policy, last)   # before its forward: sync gradients on the last?
-        loss.backward()
+        scaler.scale(loss).backward()
     backend.reduce_gradients(policy)       # once, after the last backward
+    scaler.unscale_(optimizer)
     norm = backend.clip_gradients(policy, max_norm)   # the same norm on every rank
-    optimizer.step()                       # when the norm is finite
+    scaler.step(optimizer)                 # when the norm is finite (optimizer.step() without one)
+    scaler.update()
 
 ``build`` makes the policy on this rank, ``wrap`` distributes it (before the optimizer sees its
-parameters), ``data_parallel_rank`` / ``data_parallel_size`` say which share of a batch this rank
+parameters), ``optimizer`` makes the optimizer over the wrapped policy's parameter groups,
+``loss_scaler`` what scales the loss of low-precision training (torch's ``GradScaler`` interface),
+``data_parallel_rank`` / ``data_parallel_size`` say which share of a batch this rank
 trains on, ``save`` / ``load`` lay the policy and optimizer out in a checkpoint folder. The
 config layer asks ``check`` before any worker starts and ``refused`` for the keys the backend
 can never honour (the keys it reads are its registry entry's ``reads``).
@@ -20,6 +24,7 @@ can never honour (the keys it reads are its registry entry's ``reads``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,15 @@ class TrainingBackend(ABC):
     @abstractmethod
     def wrap(self, policy: nn.Module) -> nn.Module:
         """The policy distributed over the actor ranks."""
+
+    def optimizer(self, groups: list[dict[str, Any]],
+                  build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer]) -> Any:
+        """The optimizer over ``groups`` (``build`` makes ``actor.optim``'s over any groups)."""
+        return build(groups)
+
+    def loss_scaler(self, optimizer: Any, device: torch.device) -> Any:
+        """What scales the loss and unscales the gradients (``GradScaler``'s methods), or None."""
+        return None
 
     @abstractmethod
     def micro_batch(self, policy: nn.Module, last: bool) -> None:

@@ -36,7 +36,7 @@ from core.backend import TrainingBackend
 from core.errors import ConfigError
 from core.registry import Registry, load
 from embodied.config import build_policy
-from embodied.training_options import fsdp_mesh, fsdp_options
+from embodied.training_options import fsdp_mesh, fsdp_options, grad_scaler
 from policies import POLICIES
 from policies.base import Policy
 from policies.megatron import READ as MEGATRON_READS
@@ -66,6 +66,9 @@ class FSDP(TrainingBackend):
         for unit in policy.shard_units():
             fully_shard(unit, **shard)
         return fully_shard(policy, **shard)
+
+    def loss_scaler(self, optimizer: torch.optim.Optimizer, device: torch.device) -> torch.amp.GradScaler | None:
+        return grad_scaler(self.cfg.actor.fsdp_config, device)
 
     def micro_batch(self, policy: Policy, last: bool) -> None:
         """Gradients are reduced across ranks in the last micro-batch's backward only."""

@@ -117,8 +117,11 @@ def test_pass_k_split_holds_k_envs_per_validation_prompt(tiny_math):
     assert not cfg.env.eval.init_params.pass_at_group
 
 
-def test_megatron_backend_dry_runs(tiny_math, capsys):
-    code, out, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, "actor.training_backend=megatron"))
+@pytest.mark.parametrize("override", ["", "actor.model.precision=fp16 actor.optim.fp16=true",
+                                      "actor.model.precision=fp16 actor.optim.fp16=true actor.optim.loss_scale=1024",
+                                      "actor.model.precision=bf16 actor.optim.bf16=true"])
+def test_megatron_backend_dry_runs(tiny_math, capsys, override):
+    code, out, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, "actor.training_backend=megatron", *override.split()))
     assert code == 0, err
 
 
@@ -141,6 +144,20 @@ def test_megatron_backend_dry_runs(tiny_math, capsys):
      "actor.model.pipeline_model_parallel_size: not supported: pipeline parallelism"),
     ("maniskill_ppo_mlp", "actor.training_backend=megatron", "actor.training_backend = 'megatron': expected fsdp "
                                                              "with model_type mlp"),
+    ("math_grpo_tiny", "actor.optim.fp16=true", "actor.optim.fp16: not supported here, because actor.training_backend "
+                                                "fsdp does not read it (megatron does: by the actor: mixed precision"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.optim.fp16=true",
+     "actor.optim.fp16 = True: expected actor.model.precision fp16 with it"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.precision=bf16 actor.optim.bf16=true "
+                       "actor.optim.fp16=true", "actor.optim.fp16 and actor.optim.bf16 both true"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.precision=bf16 actor.optim.bf16=true "
+                       "actor.optim.loss_scale=1024", "actor.optim.loss_scale: not supported here, because losses "
+                                                     "are scaled for fp16"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.precision=fp16 actor.optim.fp16=true "
+                       "actor.optim.loss_scale=1024 actor.optim.loss_scale_window=100",
+     "actor.optim.loss_scale_window: not supported here, because only a dynamic fp16 loss scale has a window"),
+    ("math_grpo_tiny", "actor.training_backend=megatron actor.model.precision=fp16 actor.optim.fp16=true "
+                       "actor.optim.loss_scale=0", "actor.optim.loss_scale"),
 ])
 def test_bad_megatron_settings_exit_2_naming_the_key(tiny_math, capsys, config, override, message):
     args = _args(tiny_math, *override.split()) if config.startswith("math") else ["--dry-run", *override.split()]

@@ -328,6 +328,123 @@ def test_weight_sync_export_and_checkpoint_round_trips(checkpoints, tmp_path):
     assert torch.equal(again.evaluate(forward_inputs, actions).logprobs, trained)
 
 
+# ----------------------------------------------------- mixed precision (actor.optim.fp16 / bf16)
+def mixed(policy, scale: float = 1024.0, dynamic: bool = False, window: int = 5, lr: float = 3e-4):
+    """``MegatronBackend.optimizer``'s mixed-precision optimizer over ``policy`` and its scaler."""
+    from policies.megatron.mixed_precision import LossScale, MainWeightsOptimizer, Scaler
+
+    optimizer = MainWeightsOptimizer([{"params": list(policy.parameters())}], lambda g: torch.optim.Adam(g, lr=lr),
+                                     LossScale(scale, window, dynamic))
+    return optimizer, Scaler(optimizer)
+
+
+def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int) -> list[float]:
+    """The actor's call order with a loss scaler (core/backend.py); the losses."""
+    import math
+
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        out = policy.evaluate(forward_inputs, actions)
+        loss = -out.logprobs.sum((1, 2)).mean() - 0.01 * out.entropy.sum((1, 2)).mean()
+        scaler.scale(loss).backward()
+        policy.reduce_gradients()
+        scaler.unscale_(optimizer)
+        if math.isfinite(policy.clip_grad_norm(CLIP, optimizer.main_params)):
+            scaler.step(optimizer)
+        scaler.update()
+        losses.append(float(loss))
+    return losses
+
+
+def test_mixed_precision_trains_an_fp16_model_as_fp32_does(checkpoints):
+    """fp16 parameters with fp32 main weights follow the fp32 run (plain Adam on the fp16
+    parameters breaks at once: its epsilon is 0 in fp16, and 0/0 is nan)."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    forward_inputs, actions = batch()
+    reference = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"]))
+    optimizer = torch.optim.Adam(reference.parameters(), lr=3e-4)
+    losses32 = []
+    for _ in range(6):
+        optimizer.zero_grad(set_to_none=True)
+        out = reference.evaluate(forward_inputs, actions)
+        loss = -out.logprobs.sum((1, 2)).mean() - 0.01 * out.entropy.sum((1, 2)).mean()
+        loss.backward()
+        reference.clip_grad_norm(CLIP)
+        optimizer.step()
+        losses32.append(loss.item())
+    half = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="fp16"))
+    optimizer, scaler = mixed(half)
+    losses = train_mixed(half, optimizer, scaler, forward_inputs, actions, steps=6)
+    assert losses == pytest.approx(losses32, rel=2e-3) and losses[-1] < losses[0] - 1.0
+    assert {m.dtype for m in optimizer.main_params} == {torch.float32}
+    assert {p.dtype for p in half.parameters()} == {torch.float16}
+    assert all(torch.equal(p, m.half()) for p, m in zip(half.parameters(), optimizer.main_params))
+    trained32 = dict(reference.named_parameters())
+    error = max(float((m - trained32[name]).abs().max())
+                for (name, _), m in zip(half.named_parameters(), optimizer.main_params))
+    assert error < 2e-3  # Adam's steps are 3e-4 each: six of them, nearly as fp32 took them
+    plain = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="fp16"))
+    train(plain, forward_inputs, actions, steps=2, optimizer=torch.optim.Adam(plain.parameters(), lr=3e-4))
+    assert not all(torch.isfinite(p).all() for p in plain.parameters())
+
+
+def test_an_overflow_skips_the_step_and_a_dynamic_scale_backs_off_then_grows(checkpoints):
+    from policies.megatron.mixed_precision import INITIAL_SCALE, LossScale
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    scale = LossScale(8.0, window=2, dynamic=True)
+    seen = []
+    for overflow in (True, True, True, False, False, False, True):
+        scale.update(overflow)
+        seen.append(scale.scale)
+    # the first overflow is forgiven (hysteresis 2), then each halves; 2 clean steps double it and
+    # restore the hysteresis
+    assert seen == [8.0, 4.0, 2.0, 2.0, 4.0, 4.0, 4.0]
+    static = LossScale(8.0, window=2, dynamic=False)
+    static.update(True)
+    assert static.scale == 8.0
+    forward_inputs, actions = batch()
+    half = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="fp16"))
+    optimizer, scaler = mixed(half, INITIAL_SCALE, dynamic=True, window=3)
+    before = [m.detach().clone() for m in optimizer.main_params]
+    losses = train_mixed(half, optimizer, scaler, forward_inputs, actions, steps=3)
+    # 2^32 x the loss overflows fp16: nothing moved, and the scale came down after the second
+    assert all(torch.equal(m, b) for m, b in zip(optimizer.main_params, before))
+    assert scaler.get_scale() == INITIAL_SCALE / 4
+    optimizer, scaler = mixed(half, 1024.0)
+    losses = train_mixed(half, optimizer, scaler, forward_inputs, actions, steps=1)
+    out = half.evaluate(forward_inputs, actions)
+    scaler.scale(out.logprobs.sum()).backward()
+    next(half.parameters()).grad[0, 0] = float("inf")  # one gradient overflowed
+    scaler.unscale_(optimizer)
+    assert scaler.overflow
+    moved = [m.detach().clone() for m in optimizer.main_params]
+    scaler.step(optimizer)
+    assert all(torch.equal(m, b) for m, b in zip(optimizer.main_params, moved)) and losses
+
+
+def test_a_mixed_precision_checkpoint_keeps_the_fp32_main_weights_and_the_loss_scale(checkpoints, tmp_path):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    forward_inputs, actions = batch()
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="fp16"))
+    optimizer, scaler = mixed(policy, 1024.0, dynamic=True, window=2)
+    train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps=3)
+    policy.save_checkpoint(tmp_path / "mixed", optimizer)
+    saved = [m.detach().clone() for m in optimizer.main_params]
+    assert any(not torch.equal(m, m.half().float()) for m in saved)  # more than the fp16 weights hold
+    after = train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps=2)
+    again = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="fp16"))
+    resumed, resumed_scaler = mixed(again, 1.0, dynamic=True, window=2)
+    again.load_state_dict(again.read_checkpoint(tmp_path / "mixed"))
+    again.load_optimizer(resumed, tmp_path / "mixed")
+    assert all(torch.equal(m, s) for m, s in zip(resumed.main_params, saved))
+    assert resumed_scaler.get_scale() == 2048.0 and resumed.loss_scale.clean == 1  # 3 clean steps, window 2
+    assert train_mixed(again, resumed, resumed_scaler, forward_inputs, actions, steps=2) == after
+
+
 def test_a_deep_copy_is_an_independent_twin(checkpoints):
     """The actor's KL reference is ``copy.deepcopy(policy)``."""
     import copy
@@ -641,6 +758,18 @@ def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
     mine = slice(rank * 3, rank * 3 + 3)
     train(policy, {k: v[mine] for k, v in forward_inputs.items()}, actions[mine])
     out["data_parallel_trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    # mixed precision: an overflow in one rank's gradients skips the step on both
+    parallel_state.destroy_model_parallel()
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision="fp16"))
+    optimizer, scaler = mixed(policy)
+    out["overflows"] = []
+    for inject in (False, True):
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(policy.evaluate(forward_inputs, actions).logprobs.sum()).backward()
+        if inject and rank == 1:
+            next(policy.parameters()).grad[0, 0] = float("inf")
+        scaler.unscale_(optimizer)
+        out["overflows"].append(scaler.overflow)
     return out
 
 
@@ -694,6 +823,8 @@ def test_training_at_tensor_parallel_2_equals_one_rank(two_ranks, checkpoints):
     # data parallel: two halves of the batch, gradients averaged, equal the whole batch on one rank
     trained = policy.evaluate(forward_inputs, actions).logprobs
     assert all((rank["data_parallel_trained"] - trained).abs().max() < 1e-5 for rank in results)
+    # mixed precision: an inf in rank 1's gradients is an overflow on both (no rank steps alone)
+    assert [rank["overflows"] for rank in results] == [[False, True]] * 2
 
 
 @pytest.mark.slow

@@ -217,9 +217,9 @@ def test_refusal_is_one_line_and_exit_code_2():
 
     _, done = embodied("train", ["actor.optim.bf16=true"], code=2)
     assert done.stderr.strip().splitlines() == [
-        "embodied-train: config error: actor.optim.bf16: not supported: Megatron's mixed-precision flag, "
-        "because the dtype is actor.fsdp_config.amp_autocast or mixed_precision with fsdp, "
-        "actor.model.precision with megatron"]
+        "embodied-train: config error: actor.optim.bf16: not supported here, because actor.training_backend fsdp "
+        "does not read it (megatron does: by the actor: mixed precision: fp32 main weights of the bf16 model "
+        "(actor.model.precision bf16), no loss scale)"]
 
 
 @pytest.mark.slow

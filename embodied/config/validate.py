@@ -246,6 +246,8 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
     if cfg.actor.lr_sched.min_lr > cfg.actor.lr_sched.max_lr:
         _fail("actor.lr_sched.min_lr", cfg.actor.lr_sched.min_lr,
               f"at most actor.lr_sched.max_lr ({cfg.actor.lr_sched.max_lr})")
+    if cfg.actor.training_backend == "megatron":
+        _megatron_precision(optim, cfg.actor.model.precision)
     gpu = accelerator == "gpu"
     if fsdp.sharding_strategy == "hybrid_shard":
         raise ConfigError("actor.fsdp_config.sharding_strategy: not supported: hybrid_shard, because the actor's "
@@ -260,6 +262,23 @@ def _training_options(cfg: DictConfig, accelerator: str) -> None:
         # (the parts are listed weight, optimizer, grad: the key named turns on one that moves)
         raise ConfigError(f"{_offload_setting(cfg, 'actor')}: not supported with actor.fsdp_config.cpu_offload, "
                           "because the actor's state already lives in host memory")
+
+
+def _megatron_precision(optim: DictConfig, precision: str) -> None:
+    """Megatron's mixed precision: the flag names the model's dtype; the loss scale is fp16's."""
+    if optim.fp16 and optim.bf16:
+        raise ConfigError("actor.optim.fp16 and actor.optim.bf16 both true: set one")
+    for dtype in ("fp16", "bf16"):
+        if optim[dtype] and precision != dtype:
+            _fail(f"actor.optim.{dtype}", True, f"actor.model.precision {dtype} with it (the model's parameters; "
+                  f"the optimizer's main weights are fp32), not {precision}")
+    if optim.loss_scale is not None and not optim.fp16:
+        raise ConfigError("actor.optim.loss_scale: not supported here, because losses are scaled for fp16 "
+                          "(actor.optim.fp16)")
+    if optim.loss_scale_window != schema.default("actor.optim.loss_scale_window") \
+            and not (optim.fp16 and optim.loss_scale is None):
+        raise ConfigError("actor.optim.loss_scale_window: not supported here, because only a dynamic fp16 loss "
+                          "scale has a window (actor.optim.fp16 with actor.optim.loss_scale null)")
 
 
 def _offload_setting(cfg: DictConfig, role: str) -> str | None:

@@ -22,7 +22,7 @@ from embodied.batch import DemoSamples, Samples
 from embodied.channel import Channel
 from embodied.config import offloaded_parts, training_steps
 from embodied.lr_schedule import learning_rate
-from embodied.training_options import autocast, build_optimizer, grad_scaler
+from embodied.training_options import autocast, build_optimizer
 from embodied.worker import Worker
 from policies.base import Policy
 
@@ -45,7 +45,6 @@ class TrainerWorker(Worker):
             policy.enable_gradient_checkpointing()
         self.policy = self.backend.wrap(policy)
         self.autocast = autocast(cfg.actor.fsdp_config, self.torch_device)
-        self.scaler = grad_scaler(cfg.actor.fsdp_config, self.torch_device)
         self.policy_loss = POLICY_LOSSES.get(self.algo.loss_type)
         optim = cfg.actor.optim
         value = self.policy.value_parameters()
@@ -56,7 +55,8 @@ class TrainerWorker(Worker):
         if value:
             groups.append({"params": value, "lr": optim.value_lr})
             self.lr_ratios.append(optim.value_lr / optim.lr)
-        self.optimizer = build_optimizer(groups, optim)
+        self.optimizer = self.backend.optimizer(groups, lambda groups: build_optimizer(groups, optim))
+        self.scaler = self.backend.loss_scaler(self.optimizer, self.torch_device)
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or gradient
 
     def prepare(self, policy: Policy) -> None:
@@ -90,24 +90,27 @@ class TrainerWorker(Worker):
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             for key, value in metrics.items():
                 sums[key] += float(value) / len(parts)
+        self.backend.reduce_gradients(self.policy)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        self.backend.reduce_gradients(self.policy)
         norm = self.backend.clip_gradients(self.policy, self.cfg.actor.optim.clip_grad)
         sums["actor/grad_norm"] = norm
-        if self.scaler:  # fp16: the scaler skips steps with inf gradients and lowers its scale
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            sums["actor/skipped_updates"] = float(self.scaler.get_scale() < scale)
-        # a non-finite loss on any rank makes the (global, so same on every rank) norm non-finite
-        elif math.isfinite(norm):
-            self.optimizer.step()
-            self.skipped_in_a_row = 0
-        else:
+        # a non-finite loss or gradient on any rank makes the (global, so same on every rank) norm non-finite
+        finite = math.isfinite(norm)
+        if not finite:
             self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_in_a_row += 1
             sums["actor/skipped_updates"] = 1.0
+        elif self.scaler:
+            self.scaler.step(self.optimizer)
+        else:
+            self.optimizer.step()
+        lowered = False  # fp16: an overflow that lowers the loss scale is the scaler's business
+        if self.scaler:
+            scale = self.scaler.get_scale()
+            self.scaler.update()
+            lowered = self.scaler.get_scale() < scale
+            sums["actor/loss_scale"] = self.scaler.get_scale()
+        self.skipped_in_a_row = 0 if finite else self.skipped_in_a_row + (not lowered)
         return sums
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:
@@ -146,6 +149,8 @@ class TrainerWorker(Worker):
                 for key, value in state.items():
                     if torch.is_tensor(value) and value.dim() > 0:  # Adam's scalar step stays put
                         state[key] = value.to(device)
+            for main in getattr(self.optimizer, "main_params", ()):  # mixed precision's fp32 weights
+                main.data = main.data.to(device)
 
     def save(self, folder: str) -> None:
         """The policy's weights and the optimizer under ``folder/actor``, as the backend lays

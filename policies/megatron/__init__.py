@@ -9,6 +9,7 @@ tensor-parallel over gloo on CPU or NCCL on GPU. Pinned to ``megatron-core==0.16
   instead of FSDP's (its docstring has the call order).
 - ``vocab_parallel.py``: log-probs and entropy from vocab-sharded logits.
 - ``checkpoint.py``: ``dist_checkpointing`` folders (weights and optimizer), reshardable.
+- ``mixed_precision.py``: ``actor.optim.fp16`` / ``bf16``: fp32 main weights and the loss scale.
 - ``cpu.py``: the CUDA assumptions of 0.16.1 on these paths, handled when there is no CUDA.
 - ``options.py``: ``check_options``, the checks the driver runs before workers start.
 - ``backend.py``: ``MegatronBackend``, the training backend the actor drives (``core/backend.py``).
@@ -21,7 +22,8 @@ mean here what they mean with FSDP: ``model_path`` is the HF folder the GPTModel
 weights come from, ``precision`` the parameters' dtype (TransformerConfig ``params_dtype``),
 ``temperature`` scales the logits of the log-probs as in ``causal_lm``, ``gradient_checkpointing``
 recomputes every layer (full, uniform, one layer at a time), ``actor.optim.*`` make a plain torch
-optimizer over this rank's shards, and ``clip_grad`` clips counting tensor-parallel shards once.
+optimizer over this rank's shards (over fp32 main copies of them with ``fp16`` / ``bf16``), and
+``clip_grad`` clips counting tensor-parallel shards once.
 """
 
 import warnings
@@ -60,6 +62,13 @@ READ: dict[str, str] = {
                              "CUDA kernel)"
        for key in ("apply_rope_fusion", "bias_dropout_fusion", "persist_layer_norm", "bias_activation_fusion",
                    "gradient_accumulation_fusion")},
+    "actor.optim.fp16": "by the actor: mixed precision (mixed_precision.py): the optimizer steps fp32 main "
+                        "weights of the fp16 model (actor.model.precision fp16), losses scaled",
+    "actor.optim.bf16": "by the actor: mixed precision: fp32 main weights of the bf16 model "
+                        "(actor.model.precision bf16), no loss scale",
+    "actor.optim.loss_scale": "by the actor, with fp16: a static loss scale; null: dynamic",
+    "actor.optim.loss_scale_window": "by the actor, with fp16 and a dynamic loss scale: clean steps before "
+                                     "the scale doubles",
     "actor.megatron.distributed_backend": "by the actor: its process group's backend with CUDA (nccl | gloo); "
                                           "gloo without CUDA",
     "actor.megatron.distributed_timeout_minutes": "by the actor: its process group's timeout",

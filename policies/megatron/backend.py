@@ -2,10 +2,12 @@
 ``training`` declaration), tensor parallel over ``actor.model.tensor_model_parallel_size``
 consecutive ranks and data parallel over the rest, with a plain torch optimizer: the ranks of a
 tensor-parallel group train on the same samples, gradients are averaged over the data-parallel
-replicas after the last backward and clipped counting each shard once (``training.py``)."""
+replicas after the last backward and clipped counting each shard once (``training.py``). With
+``actor.optim.fp16`` / ``bf16`` the optimizer steps fp32 main weights (``mixed_precision.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from core.backend import TrainingBackend
 from core.errors import ConfigError
 from core.registry import load
 from policies import POLICIES
+from policies.megatron.mixed_precision import INITIAL_SCALE, LossScale, MainWeightsOptimizer, Scaler
 from policies.megatron.options import check_options
 from policies.megatron.policy import MegatronCausalLMPolicy
 
@@ -26,6 +29,7 @@ CHECKPOINT_DIR = "megatron"  # the reshardable checkpoint, beside model.pt (for 
 class MegatronBackend(TrainingBackend):
     def __init__(self, cfg: Any, accelerator: str) -> None:
         self.cfg = cfg
+        self.mixed: MainWeightsOptimizer | None = None  # the optimizer of fp32 main weights, if any
         backend = cfg.actor.megatron.distributed_backend if accelerator == "gpu" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=cfg.actor.megatron.distributed_timeout_minutes))
 
@@ -43,6 +47,24 @@ class MegatronBackend(TrainingBackend):
     def wrap(self, policy: MegatronCausalLMPolicy) -> MegatronCausalLMPolicy:
         return policy
 
+    def optimizer(self, groups: list[dict[str, Any]],
+                  build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer]) -> Any:
+        """``build``'s optimizer; with ``actor.optim.fp16`` / ``bf16`` over fp32 main weights."""
+        optim = self.cfg.actor.optim
+        if not (optim.fp16 or optim.bf16):
+            return build(groups)
+        if optim.bf16:
+            scale = LossScale(1.0, optim.loss_scale_window, dynamic=False)
+        elif optim.loss_scale is not None:
+            scale = LossScale(optim.loss_scale, optim.loss_scale_window, dynamic=False)
+        else:
+            scale = LossScale(INITIAL_SCALE, optim.loss_scale_window, dynamic=True)
+        self.mixed = MainWeightsOptimizer(groups, build, scale)
+        return self.mixed
+
+    def loss_scaler(self, optimizer: Any, device: torch.device) -> Scaler | None:
+        return Scaler(optimizer) if isinstance(optimizer, MainWeightsOptimizer) else None
+
     def micro_batch(self, policy: MegatronCausalLMPolicy, last: bool) -> None:
         """Nothing per micro-batch: the gradients are reduced once, in ``reduce_gradients``."""
 
@@ -50,7 +72,7 @@ class MegatronBackend(TrainingBackend):
         policy.reduce_gradients()
 
     def clip_gradients(self, policy: MegatronCausalLMPolicy, max_norm: float) -> float:
-        return policy.clip_grad_norm(max_norm)
+        return policy.clip_grad_norm(max_norm, self.mixed.main_params if self.mixed else None)
 
     def save(self, policy: MegatronCausalLMPolicy, optimizer: torch.optim.Optimizer, path: Path) -> None:
         """A ``dist_checkpointing`` folder of the weights and the optimizer (loadable at any tensor-
@@ -69,7 +91,9 @@ class MegatronBackend(TrainingBackend):
                               "actor.training_backend megatron")
         policy.load_state_dict(policy.read_checkpoint(folder))
         if with_optimizer:
-            policy.load_optimizer(optimizer, folder)
+            policy.load_optimizer(optimizer, folder)  # with the main weights, if any
+        elif self.mixed:
+            self.mixed.copy_from_model()
 
     @classmethod
     def check(cls, cfg: Any, actor_ranks: int) -> None:

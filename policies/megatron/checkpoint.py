@@ -73,14 +73,15 @@ def _load(template: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 def _optimizer_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer,
                              model_state: Mapping[str, Any]) -> dict[str, Any]:
-    """The optimizer's per-parameter tensors (Adam's moments) sharded like their parameters,
-    with the step counts alongside (the same on every rank)."""
+    """The optimizer's per-parameter tensors (Adam's moments, mixed precision's main weights)
+    sharded like their parameters, with the step counts alongside (the same on every rank)."""
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map,
         optim_state_to_sharding_state,
     )
 
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # mixed precision's optimizer steps main weights: its state is sharded like the model's parameters
+    params = getattr(optimizer, "model_params", None) or [p for group in optimizer.param_groups for p in group["params"]]
     state = optimizer.state_dict()
     steps = {i: float(s["step"]) for i, s in state["state"].items() if "step" in s}
     optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, params),

@@ -8,7 +8,7 @@ Call order of one optimizer step (every rank)::
     for micro_batch in this data-parallel rank's minibatch:   # same samples on every TP rank
         (loss / number_of_micro_batches).backward()
     reduce_gradients(model)                                   # once, after the last backward
-    norm = clip_grad_norm(model, max_norm)                    # same value on every rank
+    norm = clip_grad_norm(model.parameters(), max_norm)       # same value on every rank
     if math.isfinite(norm):
         optimizer.step()
 
@@ -95,7 +95,7 @@ def _buckets(tensors: list[Tensor]):
 
 
 @torch.no_grad()
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
     """Scale gradients so that their global L2 norm is at most ``max_norm``; returns the norm
     before clipping (non-finite when a gradient is: then nothing is scaled and the actor skips
     the step). Tensor-parallel shards count once each, parameters replicated across TP (norms)
@@ -103,8 +103,8 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    counted = [p.grad for p in model.parameters() if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    grads = [p.grad for p in params if p.grad is not None]
+    counted = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
     squares = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
     for g in counted:
         squares += g.double().pow(2).sum()
