@@ -136,9 +136,10 @@ def logits_of(policy, ids: torch.Tensor) -> torch.Tensor:
     return policy.model(ids, torch.arange(width)[None].expand_as(ids), causal)
 
 
-def train(policy, forward_inputs, actions, steps: int = STEPS, optimizer=None):
+def train(policy, forward_inputs, actions, steps: int = STEPS, optimizer=None, sharded: bool = False):
     """``steps`` Adam steps on one batch, in the actor's call order; returns the losses (mean
-    over data-parallel ranks), the gradient norms and the optimizer."""
+    over data-parallel ranks), the gradient norms and the optimizer (``sharded``: a distributed
+    optimizer, whose parameters are this replica's share)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -151,7 +152,7 @@ def train(policy, forward_inputs, actions, steps: int = STEPS, optimizer=None):
         loss = -out.logprobs.sum((1, 2)).mean() - 0.01 * out.entropy.sum((1, 2)).mean()
         loss.backward()
         policy.reduce_gradients()
-        norms.append(policy.clip_grad_norm(CLIP))
+        norms.append(policy.clip_grad_norm(CLIP, [p for g in optimizer.param_groups for p in g["params"]], sharded))
         optimizer.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=parallel_state.get_data_parallel_group())
@@ -329,17 +330,23 @@ def test_weight_sync_export_and_checkpoint_round_trips(checkpoints, tmp_path):
 
 
 # ----------------------------------------------------- mixed precision (actor.optim.fp16 / bf16)
-def mixed(policy, scale: float = 1024.0, dynamic: bool = False, window: int = 5, lr: float = 3e-4):
-    """``MegatronBackend.optimizer``'s mixed-precision optimizer over ``policy`` and its scaler."""
-    from policies.megatron.mixed_precision import LossScale, MainWeightsOptimizer, Scaler
+def mixed_optimizer(groups, lr: float = 3e-4, scale: float = 1024.0, dynamic: bool = False, window: int = 5):
+    """``MegatronBackend.optimizer``'s mixed-precision optimizer (Adam) over ``groups``."""
+    from policies.megatron.mixed_precision import LossScale, MainWeightsOptimizer
 
-    optimizer = MainWeightsOptimizer([{"params": list(policy.parameters())}], lambda g: torch.optim.Adam(g, lr=lr),
-                                     LossScale(scale, window, dynamic))
+    return MainWeightsOptimizer(groups, lambda g: torch.optim.Adam(g, lr=lr), LossScale(scale, window, dynamic))
+
+
+def mixed(policy, scale: float = 1024.0, dynamic: bool = False, window: int = 5, lr: float = 3e-4):
+    """A mixed-precision optimizer over ``policy`` and its scaler."""
+    from policies.megatron.mixed_precision import Scaler
+
+    optimizer = mixed_optimizer([{"params": list(policy.parameters())}], lr, scale, dynamic, window)
     return optimizer, Scaler(optimizer)
 
 
-def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int) -> list[float]:
-    """The actor's call order with a loss scaler (core/backend.py); the losses."""
+def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int, sharded: bool = False) -> list[float]:
+    """The actor's call order with a loss scaler (core/backend.py); the losses on this rank."""
     import math
 
     losses = []
@@ -350,7 +357,7 @@ def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int) 
         scaler.scale(loss).backward()
         policy.reduce_gradients()
         scaler.unscale_(optimizer)
-        if math.isfinite(policy.clip_grad_norm(CLIP, optimizer.main_params)):
+        if math.isfinite(policy.clip_grad_norm(CLIP, [p for g in optimizer.param_groups for p in g["params"]], sharded)):
             scaler.step(optimizer)
         scaler.update()
         losses.append(float(loss))
@@ -703,6 +710,8 @@ def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
     from transformers import AutoModelForCausalLM
 
     from policies.megatron import training
+    from policies.megatron.distributed_optimizer import ShardedOptimizer
+    from policies.megatron.mixed_precision import Scaler
     from policies.megatron.policy import MegatronCausalLMPolicy
     from policies.megatron.weights import megatron_to_hf
 
@@ -758,6 +767,39 @@ def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
     mine = slice(rank * 3, rank * 3 + 3)
     train(policy, {k: v[mine] for k, v in forward_inputs.items()}, actions[mine])
     out["data_parallel_trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach()
+    # fp16 with fp32 main weights, data parallel, then the distributed optimizer: each replica
+    # steps and keeps the state of its share
+    parallel_state.destroy_model_parallel()
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision="fp16"))
+    optimizer, scaler = mixed(policy, lr=LR)
+    train_mixed(policy, optimizer, scaler, {k: v[mine] for k, v in forward_inputs.items()}, actions[mine], STEPS)
+    out["data_parallel_fp16_state"] = {k: p.detach().float() for k, p in policy.named_parameters()}
+    for precision in ("fp32", "fp16"):
+        parallel_state.destroy_model_parallel()
+        policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision=precision))
+        build = (lambda g: torch.optim.Adam(g, lr=LR)) if precision == "fp32" else (lambda g: mixed_optimizer(g, LR))
+        optimizer = ShardedOptimizer([{"params": list(policy.parameters())}], build,
+                                     parallel_state.get_data_parallel_group())
+        half = {k: v[mine] for k, v in forward_inputs.items()}, actions[mine]
+        if precision == "fp32":
+            train(policy, *half, optimizer=optimizer, sharded=True)
+        else:
+            train_mixed(policy, optimizer, Scaler(optimizer.inner), *half, steps=STEPS, sharded=True)
+        out[f"sharded_{precision}_trained"] = policy.evaluate(forward_inputs, actions).logprobs.detach().float()
+        out[f"sharded_{precision}_state"] = {k: p.detach().float() for k, p in policy.named_parameters()}
+        out[f"sharded_{precision}_values"] = sum(t.numel() for state in optimizer.state.values()
+                                                 for t in state.values() if t.dim() > 0) \
+            + sum(p.numel() for p in optimizer.main_params)
+        out[f"sharded_{precision}_weights"] = sum(p.numel() for p in policy.parameters())
+    policy.save_checkpoint(folder / "dp2_sharded", optimizer)
+    out["sharded_after_resume"] = train_mixed(policy, optimizer, Scaler(optimizer.inner), *half, steps=1, sharded=True)[0]
+    parallel_state.destroy_model_parallel()  # a fresh start at the same layout, from the checkpoint
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision="fp16"))
+    optimizer = ShardedOptimizer([{"params": list(policy.parameters())}], lambda g: mixed_optimizer(g, LR),
+                                 parallel_state.get_data_parallel_group())
+    policy.load_state_dict(policy.read_checkpoint(folder / "dp2_sharded"))
+    policy.load_optimizer(optimizer, folder / "dp2_sharded")
+    out["sharded_resumed"] = train_mixed(policy, optimizer, Scaler(optimizer.inner), *half, steps=1, sharded=True)[0]
     # mixed precision: an overflow in one rank's gradients skips the step on both
     parallel_state.destroy_model_parallel()
     policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision="fp16"))
@@ -825,6 +867,34 @@ def test_training_at_tensor_parallel_2_equals_one_rank(two_ranks, checkpoints):
     assert all((rank["data_parallel_trained"] - trained).abs().max() < 1e-5 for rank in results)
     # mixed precision: an inf in rank 1's gradients is an overflow on both (no rank steps alone)
     assert [rank["overflows"] for rank in results] == [[False, True]] * 2
+
+
+
+@pytest.mark.slow
+def test_the_distributed_optimizer_trains_as_the_plain_one_and_holds_half_the_state(two_ranks, checkpoints):
+    """TP 1 x DP 2 with each replica stepping its share of the parameters (fp32, and fp16 with
+    fp32 main weights): the same training as every replica stepping all of them; each replica
+    holds part of Adam's state; its checkpoint resumes on one rank with a plain optimizer."""
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    results, folder = two_ranks
+    for rank in results:
+        assert (rank["sharded_fp32_trained"] - rank["data_parallel_trained"]).abs().max() < 1e-5
+        sharded, plain = rank["sharded_fp16_state"], rank["data_parallel_fp16_state"]
+        assert max(float((sharded[k] - plain[k]).abs().max()) for k in plain) < 1e-3  # an fp16 rounding at most
+    for precision, per_weight in (("fp32", 2), ("fp16", 3)):  # Adam's moments (+ the main weights)
+        held = [rank[f"sharded_{precision}_values"] for rank in results]
+        assert sum(held) == per_weight * results[0][f"sharded_{precision}_weights"] and min(held) > 0, held
+        assert max(held) < 0.75 * sum(held)
+    policy = MegatronCausalLMPolicy(megatron_cfg(checkpoints["llama"], precision="fp16"))
+    policy.load_state_dict(policy.read_checkpoint(folder / "dp2_sharded"))
+    optimizer, scaler = mixed(policy, lr=LR)
+    policy.load_optimizer(optimizer, folder / "dp2_sharded")
+    forward_inputs, actions = batch()
+    after = train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps=1)[0]
+    # one rank on the whole batch: the mean of the two replicas' losses on their halves
+    assert after == pytest.approx(sum(rank["sharded_after_resume"] for rank in results) / 2, rel=1e-3)
+    assert all(rank["sharded_resumed"] == rank["sharded_after_resume"] for rank in results)  # exact at DP 2
 
 
 @pytest.mark.slow

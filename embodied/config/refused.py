@@ -45,7 +45,6 @@ MEGATRON_NEVER: dict[str, str] = {
     "actor.model.moe_token_dispatcher_type": "MoE dispatch, because no mixture-of-experts family is mapped",
     "actor.model.add_bias_linear": ARCHITECTURE,
     "actor.model.add_qkv_bias": ARCHITECTURE,
-    "actor.optim.use_distributed_optimizer": "Megatron's distributed optimizer, " + _NO_DDP,
     "actor.optim.overlap_grad_reduce": "Megatron DDP's overlap, " + _NO_DDP,
     "actor.optim.overlap_param_gather": "Megatron's parameter gather, " + _NO_DDP,
     "actor.optim.overlap_param_gather_with_optimizer_step": "Megatron's parameter gather, " + _NO_DDP,

@@ -10,6 +10,8 @@ tensor-parallel over gloo on CPU or NCCL on GPU. Pinned to ``megatron-core==0.16
 - ``vocab_parallel.py``: log-probs and entropy from vocab-sharded logits.
 - ``checkpoint.py``: ``dist_checkpointing`` folders (weights and optimizer), reshardable.
 - ``mixed_precision.py``: ``actor.optim.fp16`` / ``bf16``: fp32 main weights and the loss scale.
+- ``distributed_optimizer.py``: ``actor.optim.use_distributed_optimizer``: the optimizer state
+  sharded over the data-parallel replicas.
 - ``cpu.py``: the CUDA assumptions of 0.16.1 on these paths, handled when there is no CUDA.
 - ``options.py``: ``check_options``, the checks the driver runs before workers start.
 - ``backend.py``: ``MegatronBackend``, the training backend the actor drives (``core/backend.py``).
@@ -69,6 +71,9 @@ READ: dict[str, str] = {
     "actor.optim.loss_scale": "by the actor, with fp16: a static loss scale; null: dynamic",
     "actor.optim.loss_scale_window": "by the actor, with fp16 and a dynamic loss scale: clean steps before "
                                      "the scale doubles",
+    "actor.optim.use_distributed_optimizer": "by the actor: each data-parallel replica keeps and steps the "
+                                             "optimizer state (and fp32 main weights) of its share of the "
+                                             "parameters, and broadcasts them (distributed_optimizer.py)",
     "actor.megatron.distributed_backend": "by the actor: its process group's backend with CUDA (nccl | gloo); "
                                           "gloo without CUDA",
     "actor.megatron.distributed_timeout_minutes": "by the actor: its process group's timeout",

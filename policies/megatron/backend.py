@@ -3,7 +3,8 @@
 consecutive ranks and data parallel over the rest, with a plain torch optimizer: the ranks of a
 tensor-parallel group train on the same samples, gradients are averaged over the data-parallel
 replicas after the last backward and clipped counting each shard once (``training.py``). With
-``actor.optim.fp16`` / ``bf16`` the optimizer steps fp32 main weights (``mixed_precision.py``)."""
+``actor.optim.fp16`` / ``bf16`` the optimizer steps fp32 main weights (``mixed_precision.py``), with
+``use_distributed_optimizer`` each replica steps its share (``distributed_optimizer.py``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from core.backend import TrainingBackend
 from core.errors import ConfigError
 from core.registry import load
 from policies import POLICIES
+from policies.megatron.distributed_optimizer import ShardedOptimizer
 from policies.megatron.mixed_precision import INITIAL_SCALE, LossScale, MainWeightsOptimizer, Scaler
 from policies.megatron.options import check_options
 from policies.megatron.policy import MegatronCausalLMPolicy
@@ -49,21 +51,34 @@ class MegatronBackend(TrainingBackend):
 
     def optimizer(self, groups: list[dict[str, Any]],
                   build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer]) -> Any:
-        """``build``'s optimizer; with ``actor.optim.fp16`` / ``bf16`` over fp32 main weights."""
+        """``build``'s optimizer; with ``actor.optim.fp16`` / ``bf16`` over fp32 main weights
+        (``mixed_precision.py``), with ``use_distributed_optimizer`` over this data-parallel
+        replica's share of the parameters (``distributed_optimizer.py``)."""
+        from megatron.core import parallel_state
+
         optim = self.cfg.actor.optim
-        if not (optim.fp16 or optim.bf16):
-            return build(groups)
+        scale = None
         if optim.bf16:
             scale = LossScale(1.0, optim.loss_scale_window, dynamic=False)
-        elif optim.loss_scale is not None:
+        elif optim.fp16 and optim.loss_scale is not None:
             scale = LossScale(optim.loss_scale, optim.loss_scale_window, dynamic=False)
-        else:
+        elif optim.fp16:
             scale = LossScale(INITIAL_SCALE, optim.loss_scale_window, dynamic=True)
-        self.mixed = MainWeightsOptimizer(groups, build, scale)
-        return self.mixed
+
+        def make(groups: list[dict[str, Any]]) -> Any:
+            if scale is None:
+                return build(groups)
+            self.mixed = MainWeightsOptimizer(groups, build, scale)
+            return self.mixed
+
+        self.sharded = optim.use_distributed_optimizer and self.data_parallel_size > 1
+        optimizer = (ShardedOptimizer(groups, make, parallel_state.get_data_parallel_group()) if self.sharded
+                     else make(groups))
+        self.stepped = [p for group in optimizer.param_groups for p in group["params"]]  # what the clip sees
+        return optimizer
 
     def loss_scaler(self, optimizer: Any, device: torch.device) -> Scaler | None:
-        return Scaler(optimizer) if isinstance(optimizer, MainWeightsOptimizer) else None
+        return Scaler(self.mixed) if self.mixed else None
 
     def micro_batch(self, policy: MegatronCausalLMPolicy, last: bool) -> None:
         """Nothing per micro-batch: the gradients are reduced once, in ``reduce_gradients``."""
@@ -72,7 +87,7 @@ class MegatronBackend(TrainingBackend):
         policy.reduce_gradients()
 
     def clip_gradients(self, policy: MegatronCausalLMPolicy, max_norm: float) -> float:
-        return policy.clip_grad_norm(max_norm, self.mixed.main_params if self.mixed else None)
+        return policy.clip_grad_norm(max_norm, self.stepped, self.sharded)
 
     def save(self, policy: MegatronCausalLMPolicy, optimizer: torch.optim.Optimizer, path: Path) -> None:
         """A ``dist_checkpointing`` folder of the weights and the optimizer (loadable at any tensor-

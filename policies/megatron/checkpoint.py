@@ -9,6 +9,7 @@ rows both sizes have and zero-fills the rest (e.g. 16 rows at TP 2, 15 at TP 1).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def save(model: nn.Module, path: str | Path, optimizer: torch.optim.Optimizer | 
     torch.distributed.barrier()
     state = {"model": model.sharded_state_dict()}
     if optimizer is not None:
-        state["optimizer"] = _optimizer_sharded_state(model, optimizer, state["model"])
+        state["optimizer"], _ = _optimizer_sharded_state(model, optimizer, state["model"])
     dist_checkpointing.save(state, str(path), sharded_strategy=_strategy())
 
 
@@ -48,13 +49,15 @@ def load_model_state(model: nn.Module, path: str | Path) -> dict[str, Tensor]:
 
 
 def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """Restore ``optimizer``'s state from folder ``path`` (saved with an optimizer, at any TP size)."""
+    """Restore ``optimizer``'s state from folder ``path`` (saved with an optimizer, at any TP size
+    and, with the distributed optimizer, at any data-parallel size)."""
     _ensure_state(optimizer)
-    template = {"optimizer": _optimizer_sharded_state(model, optimizer, model.sharded_state_dict())}
-    loaded = _load(template, path)["optimizer"]
+    template, keys = _optimizer_sharded_state(model, optimizer, model.sharded_state_dict())
+    loaded = _load({"optimizer": template}, path)["optimizer"]
     steps = loaded.pop("steps")
     for index, state in loaded["state"].items():
-        state["step"] = torch.tensor(float(steps[index]))
+        # (folders written before the steps were keyed by parameter keyed them by state index)
+        state["step"] = torch.tensor(float(steps[keys[index]] if keys[index] in steps else steps[index]))
     loaded["param_groups"] = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict(loaded)
 
@@ -72,9 +75,11 @@ def _load(template: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 
 def _optimizer_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer,
-                             model_state: Mapping[str, Any]) -> dict[str, Any]:
+                             model_state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[int, str]]:
     """The optimizer's per-parameter tensors (Adam's moments, mixed precision's main weights)
-    sharded like their parameters, with the step counts alongside (the same on every rank)."""
+    sharded like their parameters, with the step counts alongside by parameter; and each state
+    index's parameter key (for a load). A distributed optimizer's replica holds the only copy of
+    its parameters' state: it writes them, whatever its data-parallel rank."""
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map,
         optim_state_to_sharding_state,
@@ -83,11 +88,19 @@ def _optimizer_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     # mixed precision's optimizer steps main weights: its state is sharded like the model's parameters
     params = getattr(optimizer, "model_params", None) or [p for group in optimizer.param_groups for p in group["params"]]
     state = optimizer.state_dict()
-    steps = {i: float(s["step"]) for i, s in state["state"].items() if "step" in s}
-    optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, params),
-                                  exclude_keys=("step",))
+    shards = get_param_id_to_sharded_param_map(model_state, params)
+    group = getattr(optimizer, "group", None)  # the distributed optimizer's data-parallel group
+    if group is not None:
+        shards = {i: replace(t, replica_id=(*t.replica_id[:-1], 0)) for i, t in shards.items()}
+    steps = {shards[i].key: float(s["step"]) for i, s in state["state"].items() if "step" in s}
+    if group is not None:  # the steps go in the common part, which rank 0 writes: everyone's
+        every: list[dict[str, float]] = [{} for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather_object(every, steps, group=group)
+        steps = {k: v for part in every for k, v in part.items()}
+    keys = {i: t.key for i, t in shards.items()}
+    optim_state_to_sharding_state(state, shards, exclude_keys=("step",))
     state["steps"] = steps
-    return state
+    return state, keys
 
 
 @torch.no_grad()

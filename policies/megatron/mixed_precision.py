@@ -152,19 +152,20 @@ class MainWeightsOptimizer:
 
 
 class Scaler:
-    """What the trainer calls, in the order of torch's ``GradScaler``, for a ``MainWeightsOptimizer``."""
+    """What the trainer calls, in the order of torch's ``GradScaler``, for the loss scale of a
+    ``MainWeightsOptimizer`` (``step`` is the trainer's optimizer's: it may hold that one)."""
 
-    def __init__(self, optimizer: MainWeightsOptimizer) -> None:
-        self.optimizer, self.loss_scale = optimizer, optimizer.loss_scale
+    def __init__(self, mixed: MainWeightsOptimizer) -> None:
+        self.mixed, self.loss_scale = mixed, mixed.loss_scale
         self.overflow = False
 
     def scale(self, loss: Tensor) -> Tensor:
         return loss * self.loss_scale.scale
 
-    def unscale_(self, optimizer: MainWeightsOptimizer) -> None:
-        self.overflow = optimizer.unscale()
+    def unscale_(self, optimizer: Any) -> None:
+        self.overflow = self.mixed.unscale()
 
-    def step(self, optimizer: MainWeightsOptimizer) -> None:
+    def step(self, optimizer: Any) -> None:
         if not self.overflow:
             optimizer.step()
 

@@ -192,7 +192,9 @@ class MegatronCausalLMPolicy(Policy):
         """After the last backward of a step: see ``training.reduce_gradients``."""
         training.reduce_gradients(self.model)
 
-    def clip_grad_norm(self, max_norm: float, params: list[Tensor] | None = None) -> float:
-        """After ``reduce_gradients``: see ``training.clip_grad_norm`` (``params``: the fp32 main
-        weights that mixed precision steps, instead of the model's)."""
-        return training.clip_grad_norm(params if params is not None else list(self.model.parameters()), max_norm)
+    def clip_grad_norm(self, max_norm: float, params: list[Tensor] | None = None, sharded: bool = False) -> float:
+        """After ``reduce_gradients``: see ``training.clip_grad_norm`` (``params``: what the
+        optimizer steps, if not the model's parameters: mixed precision's fp32 main weights, the
+        distributed optimizer's share)."""
+        params = params if params is not None else list(self.model.parameters())
+        return training.clip_grad_norm(params, max_norm, sharded)

@@ -73,14 +73,14 @@ def reduce_gradients(model: nn.Module) -> None:
 
 def _all_reduce(tensors: list[Tensor], group: dist.ProcessGroup) -> None:
     """Sum ``tensors`` over ``group`` in place, one message per flat bucket (not per tensor)."""
-    for bucket in _buckets(tensors):
+    for bucket in buckets(tensors):
         flat = torch.cat([t.reshape(-1) for t in bucket])
         dist.all_reduce(flat, group=group)
         for t, part in zip(bucket, flat.split([t.numel() for t in bucket])):
             t.copy_(part.view_as(t))
 
 
-def _buckets(tensors: list[Tensor]):
+def buckets(tensors: list[Tensor]):
     """Consecutive runs of ``tensors`` of one dtype and at most ``BUCKET_ELEMENTS`` values."""
     bucket: list[Tensor] = []
     size = 0
@@ -95,11 +95,12 @@ def _buckets(tensors: list[Tensor]):
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
+def clip_grad_norm(params: list[Tensor], max_norm: float, sharded: bool = False) -> float:
     """Scale gradients so that their global L2 norm is at most ``max_norm``; returns the norm
     before clipping (non-finite when a gradient is: then nothing is scaled and the actor skips
     the step). Tensor-parallel shards count once each, parameters replicated across TP (norms)
-    once in all; call after ``reduce_gradients``, when the replicas agree."""
+    once in all; call after ``reduce_gradients``, when the replicas agree. ``sharded``: ``params``
+    are this replica's share (the distributed optimizer's): the norm adds up every replica's."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
@@ -108,7 +109,7 @@ def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
     squares = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
     for g in counted:
         squares += g.double().pow(2).sum()
-    dist.all_reduce(squares, group=parallel_state.get_tensor_model_parallel_group())
+    dist.all_reduce(squares, group=None if sharded else parallel_state.get_tensor_model_parallel_group())
     norm = float(squares.sqrt())
     scale = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
     if scale < 1.0:  # False for a non-finite norm
