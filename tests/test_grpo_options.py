@@ -147,3 +147,57 @@ def test_grpo_advantages_are_not_whitened_again_over_the_batch():
                     token_mask=torch.ones(8, 1, 1, dtype=torch.bool))
     normalize(batch, {"normalize_advantages": True, "adv_type": "grpo"}, all_reduce=None)
     assert torch.equal(batch.advantages, adv)
+
+
+# ------------------------------------------------------- algorithm.use_valid_token_scale
+def _token_mean_loss(theta, old, advantages, mask, token_mask) -> torch.Tensor:
+    return actor_critic_loss(
+        logprobs=theta, old_logprobs=old, advantages=advantages, mask=mask, token_mask=token_mask,
+        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_func="token-mean", entropy=None,
+        entropy_bonus=0.0, values=None, old_values=None, returns=None, value_clip=None, value_loss_coef=0.0,
+        ref_logprobs=None, kl_beta=0.0, kl_penalty_type="kl", early_stop_imp_ratio=None)[0]
+
+
+def _valid_token_scale_rank(rank: int, results) -> None:
+    """Each of 2 ranks: its 6 samples in micro-batches of 2 (1 to 8 valid tokens each), the
+    gradient of the micro-batch losses averaged over micro-batches and ranks, weighed as the actor
+    weighs them (ActorWorker._weights) and not."""
+    import torch.distributed as dist
+
+    from embodied.algorithms import valid_mask, valid_token_weights
+
+    def batch(r: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(r)
+        lengths = torch.randint(1, 9, (6,), generator=g)
+        token_mask = (torch.arange(8)[None] < lengths[:, None])[:, None]  # [N, C=1, A=8]
+        return [torch.randn(6, 1, 8, generator=g), torch.randn(6, 1, 8, generator=g),
+                torch.randn(6, 1, generator=g), torch.ones(6, 1, dtype=torch.bool), token_mask]
+
+    new, old, advantages, mask, token_mask = batch(rank)
+    parts = list(torch.arange(6).split(2))
+    tokens = torch.stack([valid_mask(mask[p], token_mask[p], old[p]).sum() for p in parts]).double()
+    total = tokens.sum()
+    dist.all_reduce(total)
+    for name, weights in (("weighed", valid_token_weights(tokens, total, 2).tolist()), ("plain", [1.0] * 3)):
+        theta = new.clone().requires_grad_()
+        for weight, p in zip(weights, parts):
+            loss = _token_mean_loss(theta[p], old[p], advantages[p], mask[p], token_mask[p])
+            (loss * weight / len(parts)).backward()
+        grads = [torch.zeros(6, 1, 8), torch.zeros(6, 1, 8)]
+        dist.all_gather(grads, theta.grad / 2)  # the mean over ranks, each rank's samples apart
+        results[(rank, name)] = torch.cat(grads)
+    # the reference: one token mean over both ranks' 12 samples
+    both = [torch.cat(t) for t in zip(batch(0), batch(1))]
+    theta = both[0].clone().requires_grad_()
+    _token_mean_loss(theta, *both[1:]).backward()
+    results[(rank, "token_mean")] = theta.grad
+
+
+def test_valid_token_scale_makes_the_step_one_token_mean_over_all_ranks():
+    from tests.runs import on_two_gloo_ranks
+
+    results = on_two_gloo_ranks(_valid_token_scale_rank)
+    for rank in (0, 1):
+        reference = results[(rank, "token_mean")]
+        assert torch.allclose(results[(rank, "weighed")], reference, atol=1e-7)
+        assert not torch.allclose(results[(rank, "plain")], reference, atol=1e-4)  # a mean of micro-batch means

@@ -120,7 +120,7 @@ def test_pass_k_split_holds_k_envs_per_validation_prompt(tiny_math):
 @pytest.mark.parametrize("override", ["", "actor.model.precision=fp16 actor.optim.fp16=true",
                                       "actor.model.precision=fp16 actor.optim.fp16=true actor.optim.loss_scale=1024",
                                       "actor.model.precision=bf16 actor.optim.bf16=true",
-                                      "actor.optim.use_distributed_optimizer=true"])
+                                      "actor.optim.use_distributed_optimizer=true algorithm.use_valid_token_scale=true"])
 def test_megatron_backend_dry_runs(tiny_math, capsys, override):
     code, out, err = _run(capsys, "math_grpo_tiny", _args(tiny_math, "actor.training_backend=megatron", *override.split()))
     assert code == 0, err
@@ -145,6 +145,8 @@ def test_megatron_backend_dry_runs(tiny_math, capsys, override):
      "actor.model.pipeline_model_parallel_size: not supported: pipeline parallelism"),
     ("maniskill_ppo_mlp", "actor.training_backend=megatron", "actor.training_backend = 'megatron': expected fsdp "
                                                              "with model_type mlp"),
+    ("math_grpo_tiny", "algorithm.use_valid_token_scale=true algorithm.loss_agg_func=seq-mean-token-mean",
+     "algorithm.use_valid_token_scale: not supported with algorithm.loss_agg_func seq-mean-token-mean, because"),
     ("math_grpo_tiny", "actor.optim.use_distributed_optimizer=true", "actor.optim.use_distributed_optimizer: not "
      "supported here, because actor.training_backend fsdp does not read it (megatron does"),
     ("math_grpo_tiny", "actor.optim.fp16=true", "actor.optim.fp16: not supported here, because actor.training_backend "

@@ -30,6 +30,8 @@ from embodied.algorithms.losses import (
     aggregate_loss,
     loss_hyperparameters,
     ppo_policy_loss,
+    valid_mask,
+    valid_token_weights,
     value_loss,
 )
 
@@ -56,6 +58,8 @@ __all__ = [
     "ppo_policy_loss",
     "reduce_logprobs",
     "steps_to_chunks",
+    "valid_mask",
+    "valid_token_weights",
     "value_loss",
     "values_to_steps",
 ]

@@ -46,6 +46,7 @@ ROLLOUT_UPDATE = {
     "algorithm.kl_penalty": "the KL estimator in the reward", "algorithm.use_kl_in_reward": "KL in the reward",
     "algorithm.target_kl": "an update's stop", "algorithm.rollout_epoch": "rollouts per step",
     "algorithm.update_epochs": "passes over a step's samples", "algorithm.shuffle_rollout": "minibatch order",
+    "algorithm.use_valid_token_scale": "micro-batches weighed by their valid tokens",
     "algorithm.staleness_threshold": "rollouts ahead of the update",
     "rollout.recompute_logprobs": "the actor's log-probs of a rollout",
     "actor.optim.value_lr": "the critic's learning rate",
@@ -83,6 +84,14 @@ def aggregate_loss(loss: Tensor, mask: Tensor | None, loss_agg_func: str) -> Ten
         per_sample = per_sample / tokens.clamp(min=1.0)
     has_tokens = (tokens > 0).to(loss.dtype)
     return (per_sample * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+
+
+def valid_token_weights(tokens: Tensor, total: Tensor, data_parallel_size: int) -> Tensor:
+    """``algorithm.use_valid_token_scale``: the factor of each micro-batch's (token-mean) loss, given
+    its valid ``tokens`` and the ``total`` of the optimizer step on all data-parallel ranks, so that
+    the step (micro-batch losses averaged, then gradients averaged over the ranks) descends the
+    mean over every valid token of the step: ``tokens x micro-batches x ranks / total``."""
+    return tokens * tokens.numel() * data_parallel_size / total.clamp(min=1)
 
 
 def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -273,7 +282,7 @@ def actor_critic_loss(
     the loss is multiplied by 0 (not skipped, so data-parallel ranks still run the same
     backward and gradient all-reduce) and ``actor/early_stopped`` reports 1.
     """
-    loss_mask = _loss_mask(mask, token_mask, logprobs)
+    loss_mask = valid_mask(mask, token_mask, logprobs)
     proximal = {} if proximal_logprobs is None else {"proximal_logprobs": proximal_logprobs,
                                                      "behave_weight_threshold": behave_weight_threshold}
     loss, metrics = policy_loss(
@@ -293,7 +302,7 @@ def actor_critic_loss(
         loss = loss + value_loss_coef * critic_loss
         metrics.update(critic_metrics)
     if entropy is not None:
-        entropy_mask = _loss_mask(mask, token_mask, entropy)
+        entropy_mask = valid_mask(mask, token_mask, entropy)
         mean_entropy = aggregate_loss(entropy, entropy_mask, loss_agg_func)
         loss = loss - entropy_bonus * mean_entropy
         metrics["actor/entropy"] = mean_entropy.detach()
@@ -310,7 +319,7 @@ def actor_critic_loss(
     return loss, metrics
 
 
-def _loss_mask(mask: Tensor | None, token_mask: Tensor | None, target: Tensor) -> Tensor | None:
+def valid_mask(mask: Tensor | None, token_mask: Tensor | None, target: Tensor) -> Tensor | None:
     """The per-sample ``mask`` broadcast over ``target``'s dims, and-ed with ``token_mask`` brought
     to ``target``'s level (a log-prob or entropy summed over tokens counts if any token does)."""
     out = None if mask is None else expand_like(mask, target).bool()

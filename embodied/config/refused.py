@@ -67,8 +67,6 @@ REFUSED: dict[str, str] = {
                                         "actor.micro_batch_size samples",
     "runner.max_tokens_per_mbs": "token-budget micro-batches, because micro-batches hold "
                                  "actor.micro_batch_size samples",
-    "algorithm.use_valid_token_scale": "scaling by valid tokens, because losses always weigh tokens by "
-                                       "the valid-token mask (algorithm.loss_agg_func)",
     "algorithm.n_minibatches": "setting the updates per batch, because they follow from "
                                "actor.global_batch_size (samples per step / global_batch_size)",
     "algorithm.val_rollout_batch_size_per_gpu": PER_GPU,

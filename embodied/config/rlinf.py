@@ -443,6 +443,10 @@ RLINF_KEYS: dict[str, Rule] = {
                                              "filter_rewards is not implemented"),
     "algorithm.importance_sampling_fix": Implied(_equals(False), "an importance-sampling correction between "
                                                  "rollout and actor log-probs is not implemented"),
+    "algorithm.rollout_batch_size_per_gpu": Implied(_always, "read only by RLinf's vLLM worker before RLinf #222 "
+                                                    "(Nov 2025), to split a generation request into batches "
+                                                    "that bound memory; the engines here batch a stage's "
+                                                    "prompts themselves"),
     "algorithm.training_batch_size_per_gpu": Convert(
         "actor.micro_batch_size", "math: RLinf's micro-batch (its actor.micro_batch_size is overwritten)",
         lambda v, their, rest: {"actor.micro_batch_size": v} if their.reasoning else {their.key: v}),

@@ -67,6 +67,11 @@ def validate(cfg: DictConfig) -> PlacementPlan:
         _fail("actor.model.add_value_head", model.add_value_head,
               f"true with algorithm.adv_type={adv} (it bootstraps from the critic's values)")
 
+    if cfg.algorithm.use_valid_token_scale and cfg.algorithm.loss_agg_func != "token-mean":
+        raise ConfigError(f"algorithm.use_valid_token_scale: not supported with algorithm.loss_agg_func "
+                          f"{cfg.algorithm.loss_agg_func}, because it weighs micro-batches into one mean over "
+                          "the minibatch's valid tokens: token-mean's")
+
     plan = _placement(cfg)
     backends.check(cfg, plan.world_size("actor"))
     backends.check_rollout(cfg)

@@ -17,7 +17,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from embodied.algorithms import POLICY_LOSSES, actor_critic_loss, loss_hyperparameters, reduce_logprobs, value_loss
+from embodied.algorithms import (
+    POLICY_LOSSES,
+    actor_critic_loss,
+    loss_hyperparameters,
+    reduce_logprobs,
+    valid_mask,
+    valid_token_weights,
+    value_loss,
+)
 from embodied.algorithms.trajectory import normalize, training_samples
 from embodied.batch import Samples, Trajectory
 from embodied.channel import Channel
@@ -93,6 +101,18 @@ class ActorWorker(TrainerWorker):
         metrics["time/actor_wait"] = waited
         metrics["time/actor_busy"] = time.monotonic() - tic - waited
         return _mean_over_ranks(metrics)
+
+    def _weights(self, batch: Samples, parts: list[torch.Tensor]) -> list[float]:
+        """``algorithm.use_valid_token_scale``: micro-batches weighed by their valid tokens, so that
+        the step's loss is the token mean over the whole minibatch on every data-parallel rank."""
+        if not self.algo.use_valid_token_scale:
+            return super()._weights(batch, parts)
+        tokens = torch.stack([valid_mask(batch.mask[p], batch.token_mask[p], batch.old_logprobs[p]).sum()
+                              for p in parts]).double().cpu()
+        total = tokens.sum()
+        dist.all_reduce(total)  # over every rank: the ranks of a tensor-parallel group count theirs alike
+        replicas = self.backend.data_parallel_size
+        return valid_token_weights(tokens, total * replicas / self.world_size, replicas).tolist()
 
     def _kl_exceeded(self, approx_kl: float) -> bool:
         """``algorithm.target_kl``: every rank stops at the same minibatch (mean KL over ranks)."""

@@ -82,11 +82,12 @@ class TrainerWorker(Worker):
         """One optimizer step, accumulating gradients over micro-batches (synced on the last)."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = list(index.split(micro))
+        weights = self._weights(batch, parts)
         sums: dict[str, float] = defaultdict(float)
         for i, part in enumerate(parts):
             self.backend.micro_batch(self.policy, last=i == len(parts) - 1)
             loss, metrics = loss_of(batch.map(lambda x: x[part]))
-            loss = loss / len(parts)
+            loss = loss * weights[i] / len(parts)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             for key, value in metrics.items():
                 sums[key] += float(value) / len(parts)
@@ -112,6 +113,10 @@ class TrainerWorker(Worker):
             sums["actor/loss_scale"] = self.scaler.get_scale()
         self.skipped_in_a_row = 0 if finite else self.skipped_in_a_row + (not lowered)
         return sums
+
+    def _weights(self, batch: Samples | DemoSamples, parts: list[torch.Tensor]) -> list[float]:
+        """Each micro-batch's factor in the step's loss (before the mean over micro-batches)."""
+        return [1.0] * len(parts)
 
     def get_weights(self) -> dict[str, torch.Tensor] | None:
         """Unsharded weights on rank 0 for the rollout workers (None on other ranks): what
