@@ -191,6 +191,10 @@ def test_bad_config_exits_2_with_one_message_naming_the_key(overrides, message, 
     (["algorithm.group_size=1"], "algorithm.group_size = 1: expected at least 2 with algorithm.adv_type=grpo"),
     (["algorithm.critic_warmup=2"],
      "algorithm.critic_warmup: not supported here, because algorithm.adv_type grpo does not read it (gae does"),
+    (["env.train.group_size=16"], "env.train.group_size = 16: expected algorithm.group_size (8) or a divisor of it"),
+    (["env.train.total_num_envs=24", "env.train.group_size=4"], "env.train.total_num_envs = 24: expected a multiple "
+     "of 2 env worker(s) x rollout.pipeline_stage_num (1) x algorithm.group_size (8): an advantage group lies in one "
+     "env stage"),
 ])
 def test_grpo_needs_groups_of_fixed_shared_reset_states_and_trains_no_critic(overrides, message, capsys):
     code = cli._main(["--config-name", "maniskill_grpo_mlp", *overrides], "embodied-train")

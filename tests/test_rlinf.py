@@ -918,6 +918,22 @@ def test_libero_current_dry_runs_with_only_paths_overridden(libero_current, tiny
     assert "config OK" in out and "libero libero_10, 16 envs, 512 steps/episode, group_size 4" in out
 
 
+def test_rlinf_grpo_groups_of_different_reset_states_carry_over(libero_current, tiny_oft, tmp_path, capsys):
+    """RLinf's LIBERO-10 file leaves env.train.group_size at its suite default (1) under GRPO groups
+    of 8: an advantage group of envs from different reset states, carried over as such; a size that
+    does not divide the group is reported."""
+    assets = stand_in_assets(tmp_path / "libero_assets")
+    cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets), "env.train.group_size=2"],
+                        libero_current)
+    assert (cfg.algorithm.group_size, cfg.env.train.group_size) == (4, 2)
+    code, out, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
+                          *_libero_paths(tiny_oft, assets), "env.train.group_size=1")
+    assert code == 0, err
+    code, _, err = _run(capsys, libero_current, "libero_10_grpo_openvlaoft", "--dry-run",
+                        *_libero_paths(tiny_oft, assets), "env.train.group_size=3")
+    assert code == 2 and "env.train.group_size = 3: a GRPO group here is algorithm.group_size (4) envs" in err
+
+
 def test_libero_current_values_in_the_native_config(libero_current, tiny_oft, tmp_path):
     assets = stand_in_assets(tmp_path / "libero_assets")
     cfg = rlinf.compose("libero_10_grpo_openvlaoft", [*_libero_paths(tiny_oft, assets),

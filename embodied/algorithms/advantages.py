@@ -148,7 +148,9 @@ def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, normaliz
     nearly-solved and nearly-failed prompts more).
 
     Envs ``[g * group_size, (g + 1) * group_size)`` form group ``g`` and started from the same
-    reset state, so the group mean is a baseline for that state. The std is the unbiased sample
+    reset state, so the group mean is a baseline for that state (with ``env.train.group_size``
+    smaller, as RLinf's LIBERO-10 config has it, from runs of that many envs per state: then the
+    mean is a baseline over those states). The std is the unbiased sample
     std (as common GRPO implementations use); a group with equal scores gets advantage 0.
     """
     if group_size < 2:

@@ -330,10 +330,12 @@ def _is_eval(value: Any, their: Their, rest: str) -> dict[str, Any]:
 
 
 def _grpo_groups(value: Any, their: Their, rest: str) -> dict[str, Any]:
-    if their.get("algorithm.adv_type") == "grpo" and value != their.get("algorithm.group_size"):
-        raise Untranslatable(f"a GRPO group here is algorithm.group_size ({their.get('algorithm.group_size')}) "
-                             "envs that share one reset state; RLinf groups envs of different reset "
-                             "states when this is smaller; override it with the group size to accept that")
+    """RLinf normalizes GRPO advantages over algorithm.group_size consecutive envs, whatever their
+    reset states; env.*.group_size of them share one, as here."""
+    group = their.get("algorithm.group_size")
+    if their.get("algorithm.adv_type") == "grpo" and isinstance(group, int) and group % value:
+        raise Untranslatable(f"a GRPO group here is algorithm.group_size ({group}) envs, runs of "
+                             f"env.train.group_size sharing a reset state: a divisor of it")
     return {their.key: value}
 
 
@@ -541,8 +543,8 @@ RLINF_KEYS: dict[str, Rule] = {
     "env.train.rollout_epoch": Rename("algorithm.rollout_epoch"),
     "env.*.total_num_envs": Convert("env.*.total_num_envs", "null for the training envs of an eval-only "
                                     "config -> the default (they do not run)", _unused_split),
-    "env.train.group_size": Convert("env.train.group_size", "GRPO: must equal algorithm.group_size (envs "
-                                    "of a group share a reset state here)", _grpo_groups),
+    "env.train.group_size": Convert("env.train.group_size", "GRPO: algorithm.group_size or a divisor of it "
+                                    "(the envs of an advantage group that share a reset state)", _grpo_groups),
     "env.eval.rollout_epoch": Implied(_eval_once, "an evaluation runs each eval env's episodes once "
                                       "(env.eval.each_reset_state_once for every reset state)"),
     "env.eval.max_steps_per_rollout_epoch": Implied(lambda v, their: v == their.sibling("max_episode_steps"),

@@ -211,20 +211,28 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         if train.total_num_envs != cfg.data.rollout_batch_size * train.group_size:
             _fail("env.train.total_num_envs", train.total_num_envs,
                   f"data.rollout_batch_size ({cfg.data.rollout_batch_size}) x group_size ({train.group_size})")
+    adv = cfg.algorithm.adv_type
+    grouped = ADVANTAGES.declared(adv)["needs_groups"]
+    # an advantage group is algorithm.group_size envs; env.train.group_size of them share a reset state
+    group, key = (cfg.algorithm.group_size, "algorithm.group_size") if grouped else (train.group_size,
+                                                                                   "env.train.group_size")
     groups, who = _actor_groups(cfg, plan)
     shard = train.total_num_envs // groups
-    if train.total_num_envs % groups or shard % train.group_size:
+    if train.total_num_envs % groups or shard % group:
         _fail("env.train.total_num_envs", train.total_num_envs,
-              f"a multiple of {who} x env.train.group_size ({train.group_size}) "
-              "so that every actor rank trains on whole groups")
-    adv = cfg.algorithm.adv_type
-    if ADVANTAGES.declared(adv)["needs_groups"]:
+              f"a multiple of {who} x {key} ({group}) so that every actor rank trains on whole groups")
+    if grouped:
         if not train.use_fixed_reset_state_ids:
             _fail("env.train.use_fixed_reset_state_ids", False,
                   f"true with algorithm.adv_type={adv} (a group must share its reset state)")
-        if train.group_size != cfg.algorithm.group_size:
+        if group % train.group_size:
             _fail("env.train.group_size", train.group_size,
-                  f"algorithm.group_size ({cfg.algorithm.group_size}) with adv_type={adv}")
+                  f"algorithm.group_size ({group}) or a divisor of it with adv_type={adv} (the envs of an "
+                  "advantage group that share a reset state)")
+        if (train.total_num_envs // (env_ranks * stages)) % group:
+            _fail("env.train.total_num_envs", train.total_num_envs,
+                  f"a multiple of {env_ranks} env worker(s) x rollout.pipeline_stage_num ({stages}) x "
+                  f"algorithm.group_size ({group}): an advantage group lies in one env stage")
     if (key := _offload_setting(cfg, "actor")) and cfg.actor.channel.queue_size:
         _fail("actor.channel.queue_size", cfg.actor.channel.queue_size,
               f"0 (unbounded) with {key}: an offloaded actor takes a step's trajectories only after the whole "
