@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from policies.megatron.training import buckets
+from policies.megatron.training import WrappedOptimizer, buckets
 
 
 def owners(params: list[Tensor], replicas: int) -> list[int]:
@@ -29,7 +29,7 @@ def owners(params: list[Tensor], replicas: int) -> list[int]:
     return owner
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(WrappedOptimizer):
     """The optimizer (``build`` over this replica's share of ``groups``) that steps this replica's
     parameters, then gathers everyone's: what the trainer sees of a torch optimizer."""
 
@@ -42,14 +42,6 @@ class ShardedOptimizer:
         self.sources = [ranks[o] for o in owner]  # each parameter's owner, as a global rank
         ours = {id(p) for p, o in zip(self.params, owner) if o == mine}
         self.inner = build([{**g, "params": [p for p in g["params"] if id(p) in ours]} for g in groups])
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self) -> dict[Tensor, dict[str, Any]]:
-        return self.inner.state
 
     @property
     def model_params(self) -> list[Tensor]:

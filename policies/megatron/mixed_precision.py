@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from policies.megatron.training import WrappedOptimizer
+
 # Megatron-Core's dynamic scaler as Megatron-LM starts it (--initial-loss-scale, --min-loss-scale,
 # --hysteresis); RLinf's configs set only the window
 INITIAL_SCALE = 2.0**32
@@ -62,7 +64,7 @@ class LossScale:
         self.scale, self.clean, self.hysteresis = state["scale"], state["clean"], state["hysteresis"]
 
 
-class MainWeightsOptimizer:
+class MainWeightsOptimizer(WrappedOptimizer):
     """An optimizer (``build`` over the groups) that steps fp32 copies of the model's half-precision
     parameters; the model's parameters get the stepped weights after each step. The trainer sees a
     torch optimizer: ``param_groups`` (the main weights, whose rates it sets), ``state``,
@@ -86,14 +88,6 @@ class MainWeightsOptimizer:
             main_groups.append({**group, "params": mains})
         self.inner = build(main_groups)
         self.loss_scale = loss_scale
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups
-
-    @property
-    def state(self) -> dict[Tensor, dict[str, Any]]:
-        return self.inner.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in (*self.model_params, *self.main_params):

@@ -115,3 +115,18 @@ def clip_grad_norm(params: list[Tensor], max_norm: float, sharded: bool = False)
     if scale < 1.0:  # False for a non-finite norm
         torch._foreach_mul_(grads, scale)
     return norm
+
+
+class WrappedOptimizer:
+    """What a wrapper of a torch optimizer (``inner``) shows the trainer as its own: the parameter
+    groups (whose rates the trainer sets) and the per-parameter state (which offloading moves)."""
+
+    inner: Any
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> dict[Tensor, dict[str, Any]]:
+        return self.inner.state
