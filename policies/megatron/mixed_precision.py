@@ -98,7 +98,7 @@ class MainWeightsOptimizer(WrappedOptimizer):
         """Main gradients from the model's (divided by the loss scale); True when one is not finite
         on any rank (every rank then skips the step)."""
         inverse = 1.0 / self.loss_scale.scale
-        overflow = torch.zeros(1)
+        overflow = torch.zeros(1, device=self.main_params[0].device if self.main_params else None)
         for param, main in zip(self.model_params, self.main_params):
             if param.grad is None:
                 main.grad = None
