@@ -345,10 +345,14 @@ def mixed(policy, scale: float = 1024.0, dynamic: bool = False, window: int = 5,
     return optimizer, Scaler(optimizer)
 
 
-def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int, sharded: bool = False) -> list[float]:
-    """The actor's call order with a loss scaler (core/backend.py); the losses on this rank."""
+def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int, sharded: bool = False,
+                clip=None) -> list[float]:
+    """The actor's call order with a loss scaler (core/backend.py); the losses on this rank.
+    ``clip``: what clips the gradients and returns their norm (a backend's ``clip_gradients``)."""
     import math
 
+    stepped = [p for g in optimizer.param_groups for p in g["params"]]
+    clip = clip or (lambda: policy.clip_grad_norm(CLIP, stepped, sharded))
     losses = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -357,7 +361,7 @@ def train_mixed(policy, optimizer, scaler, forward_inputs, actions, steps: int, 
         scaler.scale(loss).backward()
         policy.reduce_gradients()
         scaler.unscale_(optimizer)
-        if math.isfinite(policy.clip_grad_norm(CLIP, [p for g in optimizer.param_groups for p in g["params"]], sharded)):
+        if math.isfinite(clip()):
             scaler.step(optimizer)
         scaler.update()
         losses.append(float(loss))
@@ -813,6 +817,61 @@ def _two_ranks(rank: int, folder: Path, checkpoints: dict[str, Path]) -> dict:
         scaler.unscale_(optimizer)
         out["overflows"].append(scaler.overflow)
     return out
+
+
+def _through_the_backend(rank: int, folder: Path, model_path: Path) -> dict:
+    """``MegatronBackend`` as the actor drives it, from a config (fp16, a static loss scale, the
+    distributed optimizer, TP 1 x DP 2): a step, a checkpoint, a step; then a fresh policy and
+    optimizer of the backend resumed from the checkpoint take that second step again."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from embodied.config import compose
+    from embodied.training_options import build_optimizer
+    from policies.megatron.backend import MegatronBackend
+
+    port = [free_port()]
+    dist.broadcast_object_list(port, src=0)
+    dist.destroy_process_group()  # the backend joins the actor's group itself
+    os.environ.update(MASTER_PORT=str(port[0]), RANK=str(rank), WORLD_SIZE="2")
+    cfg = compose("math_grpo_tiny", [f"actor.model.model_path={model_path}", "actor.training_backend=megatron",
+                                     "actor.model.tensor_model_parallel_size=1", "actor.model.precision=fp16",
+                                     "actor.optim.fp16=true", "actor.optim.loss_scale=1024",
+                                     "actor.optim.use_distributed_optimizer=true"])
+    backend, cpu = MegatronBackend(cfg, "cpu"), torch.device("cpu")
+
+    def fresh():
+        policy = backend.wrap(backend.build(cpu))
+        optimizer = backend.optimizer([{"params": list(policy.parameters())}], lambda g: build_optimizer(g, cfg.actor.optim))
+        return policy, optimizer, backend.loss_scaler(optimizer, cpu)
+
+    forward_inputs, actions = batch()
+    mine = slice(rank * 3, rank * 3 + 3)
+    half = {k: v[mine] for k, v in forward_inputs.items()}, actions[mine]
+    policy, optimizer, scaler = fresh()
+    train_mixed(policy, optimizer, scaler, *half, steps=1, clip=lambda: backend.clip_gradients(policy, CLIP))
+    backend.save(policy, optimizer, folder / "backend")
+    out = {"straight": train_mixed(policy, optimizer, scaler, *half, steps=1,
+                                   clip=lambda: backend.clip_gradients(policy, CLIP)),
+           "owned": sum(p.numel() for p in optimizer.main_params), "weights": sum(p.numel() for p in policy.parameters()),
+           "dtypes": {p.dtype for p in policy.parameters()} | {m.dtype for m in optimizer.main_params}}
+    parallel_state.destroy_model_parallel()
+    policy, optimizer, scaler = fresh()
+    backend.load(policy, optimizer, folder / "backend", with_optimizer=True)
+    out["resumed"] = train_mixed(policy, optimizer, scaler, *half, steps=1,
+                                 clip=lambda: backend.clip_gradients(policy, CLIP))
+    return out
+
+
+@pytest.mark.slow
+def test_the_megatron_backend_builds_mixed_precision_and_the_distributed_optimizer_from_the_config(
+        checkpoints, tmp_path):
+    results = spawn(_through_the_backend, tmp_path, checkpoints["llama"])
+    for rank in results:
+        assert rank["dtypes"] == {torch.float16, torch.float32}  # fp16 model, fp32 main weights
+        assert 0 < rank["owned"] < rank["weights"]  # this replica's share
+        assert rank["resumed"] == rank["straight"]
+    assert sum(rank["owned"] for rank in results) == results[0]["weights"]
 
 
 @pytest.fixture(scope="module")
