@@ -1009,6 +1009,27 @@ def test_an_override_of_a_key_neither_rlinf_nor_we_have_is_listed_with_a_suggest
 
 # ------------------------------------------------------------------ math GRPO in both styles
 @pytest.mark.slow
+def test_math_grpo_on_megatron_carries_its_mixed_precision_and_distributed_optimizer(tiny_math, tmp_path, capsys):
+    """RLinf's Megatron math files: an fp16 model stepped in fp32 (optim.fp16) with a static loss
+    scale, the distributed optimizer and valid-token scaling carry over as this backend's own."""
+    text = MATH_GRPO.format(groups="", fsdp="", out=tmp_path / "results", model=tiny_math["model"], data=tiny_math["data"])
+    for fsdp, megatron in (("training_backend: fsdp", "training_backend: megatron"),
+                           ("    precision: fp32\n    is_lora", "    precision: fp16\n    is_lora"),
+                           ("bf16: True\n    fp16: False", "bf16: False\n    fp16: True"),
+                           ("use_valid_token_scale: False", "use_valid_token_scale: True")):
+        assert fsdp in text
+        text = text.replace(fsdp, megatron)
+    folder = _write(tmp_path / "reasoning" / "config", {"math/qwen2.5-grpo-megatron.yaml": text}) / "math"
+    code, out, err = _run(capsys, folder, "qwen2.5-grpo-megatron", "--dry-run")
+    assert code == 0, err
+    cfg = rlinf.compose("qwen2.5-grpo-megatron", (), folder)
+    optim = cfg.actor.optim
+    assert (cfg.actor.training_backend, cfg.actor.model.precision) == ("megatron", "fp16")
+    assert optim.fp16 and not optim.bf16 and optim.loss_scale == 65536 and optim.use_distributed_optimizer
+    assert cfg.algorithm.use_valid_token_scale
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["v0.1", "current"])
 def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_path, capsys):
     folder = _math(tmp_path, style, tiny_math)
