@@ -401,6 +401,20 @@ def test_mixed_precision_trains_an_fp16_model_as_fp32_does(checkpoints):
     assert not all(torch.isfinite(p).all() for p in plain.parameters())
 
 
+def test_bf16_mixed_precision_steps_fp32_main_weights_without_a_loss_scale(checkpoints):
+    from policies.megatron.policy import MegatronCausalLMPolicy
+
+    forward_inputs, actions = batch()
+    half = MegatronCausalLMPolicy(megatron_cfg(checkpoints["qwen2"], precision="bf16"))
+    optimizer, scaler = mixed(half, scale=1.0)  # what MegatronBackend.optimizer gives bf16: scale 1, static
+    losses = train_mixed(half, optimizer, scaler, forward_inputs, actions, steps=4)
+    assert losses[-1] < losses[0] and not scaler.overflow
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert all(torch.equal(p, m.bfloat16()) for p, m in zip(half.parameters(), optimizer.main_params))
+    # the updates (3e-4 a step) are below bf16's resolution of most weights: they add up in fp32
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in optimizer.main_params)
+
+
 def test_an_overflow_skips_the_step_and_a_dynamic_scale_backs_off_then_grows(checkpoints):
     from policies.megatron.mixed_precision import INITIAL_SCALE, LossScale
     from policies.megatron.policy import MegatronCausalLMPolicy
