@@ -166,11 +166,9 @@ def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any, fr
                 shm.close()
             except BufferError:
                 pass
-        for env in envs:
-            try:
-                env.close()
-            except Exception:
-                pass
+        # the envs are not closed: the process ends here (multiprocessing's os._exit, no teardown),
+        # and their memory and render contexts go with it; ManiSkill's close collects garbage once
+        # per env, 3.4 s for a block of 16 on this CPU
         conn.close()
 
 
