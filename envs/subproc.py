@@ -21,6 +21,7 @@ pipe close and exits.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -117,6 +118,7 @@ def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any, fr
     to the shared block, serve commands for all of them."""
     envs: list[SingleEnv] = []
     shm = rows = None
+    gc.freeze()  # what the forkserver imported is never garbage: ManiSkill's gc.collect() per scene skips it
     try:
         envs = [fn() for fn in env_fns]
         if "torch" in sys.modules:
