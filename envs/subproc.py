@@ -116,8 +116,7 @@ def _parse(reply: bytes, envs: int, chunk: int, frames: np.dtype | None) -> tupl
 def _child(first: int, env_fns: Sequence[Callable[[], SingleEnv]], conn: Any, frames: bool) -> None:
     """A child's whole life: build its block of envs (global indices ``first`` onwards), attach
     to the shared block, serve commands for all of them."""
-    envs: list[SingleEnv] = []
-    shm = rows = None
+    shm = None
     gc.freeze()  # what the forkserver imported is never garbage: ManiSkill's gc.collect() per scene skips it
     try:
         envs = [fn() for fn in env_fns]
