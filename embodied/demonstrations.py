@@ -34,10 +34,25 @@ def view(cfg: DictConfig) -> dict[str, Any]:
     return demo_view(cfg.env.eval) | {"action_dim": cfg.actor.model.action_dim}
 
 
+def files(cfg: DictConfig) -> list[Path]:
+    """``data.demo_paths`` with each folder standing for its demo files (``*.h5``, ``*.hdf5``, in
+    name order), as LIBERO's datasets and ``embodied.record`` keep one file per task."""
+    paths = []
+    for entry in map(Path, cfg.data.demo_paths):
+        if not entry.is_dir():
+            paths.append(entry)
+            continue
+        found = sorted(p for p in entry.iterdir() if p.suffix in (".h5", ".hdf5"))
+        if not found:
+            raise ConfigError(f"data.demo_paths: the folder {entry} holds no demo file (*.h5, *.hdf5)")
+        paths += found
+    return paths
+
+
 def check(cfg: DictConfig) -> list[DemoSet]:
     """Every file of ``data.demo_paths`` checked from its metadata (layout, action dims, image
     size, control mode): one ``ConfigError`` naming the file, episode and key."""
-    paths = list(cfg.data.demo_paths)
+    paths = files(cfg)
     if not paths:
         raise ConfigError(f"data.demo_paths = []: expected at least one demo file with algorithm.loss_type="
                           f"{cfg.algorithm.loss_type} (python -m embodied.record writes them)")
@@ -46,14 +61,14 @@ def check(cfg: DictConfig) -> list[DemoSet]:
 
 def dataset_name(cfg: DictConfig) -> str:
     """The key of the demos' statistics in a checkpoint's ``dataset_statistics.json``:
-    ``actor.model.unnorm_key`` when the model has it set, else the first demo file's name."""
+    ``actor.model.unnorm_key`` when the model has it set, else the first demo file's (or folder's) name."""
     return cfg.actor.model.get("unnorm_key") or Path(cfg.data.demo_paths[0]).stem
 
 
 def prepare(cfg: DictConfig) -> DictConfig:
     """The config the workers of an SFT run get: ``actor.model`` as the policy prepares it for
     these demonstrations (``Policy.imitation_options``), in the run's folder."""
-    demos = [d for path in cfg.data.demo_paths for d in read_demos(path, **view(cfg))]
+    demos = [d for path in files(cfg) for d in read_demos(path, **view(cfg))]
     actions = np.concatenate([d.actions for d in demos])
     states = np.concatenate([d.obs["states"] for d in demos]) if "states" in demos[0].obs else None
     options = OmegaConf.to_container(cfg.actor.model, resolve=True)
@@ -80,7 +95,7 @@ def load(cfg: DictConfig, policy: Policy) -> DemoSamples:
     """Every demonstrated step as the policy stores it (``Policy.imitation_inputs``), in the
     order of the files and their episodes."""
     parts = []
-    for path in cfg.data.demo_paths:
+    for path in files(cfg):
         for demo in read_demos(path, **view(cfg)):
             actions = chunks(demo.actions, policy.num_action_chunks)
             for start in range(0, len(actions), BATCH):

@@ -123,7 +123,8 @@ def record(env: Env, act: Callable[[Obs], np.ndarray], writer: Any, *, episodes:
     or ``max_attempts`` have started."""
     result = Recording(kept=0, attempts=0, successes=0, env_steps=0)
     while writer.num_episodes < episodes and result.attempts < max_attempts:
-        ids = first_reset_state + result.attempts + np.arange(env.num_envs)
+        counted = min(env.num_envs, max_attempts - result.attempts)  # envs past the last attempt replay it, uncounted
+        ids = first_reset_state + result.attempts + np.minimum(np.arange(env.num_envs), counted - 1)
         obs = env.reset(ids)
         runs = [_Run(obs, i) for i in range(env.num_envs)]
         live = np.ones(env.num_envs, bool)
@@ -138,7 +139,7 @@ def record(env: Env, act: Callable[[Obs], np.ndarray], writer: Any, *, episodes:
                 live &= ~infos["done"]
                 if not live.any():
                     break
-        for seed, run in zip(ids, runs):
+        for seed, run in zip(ids[:counted], runs):
             result.attempts += 1
             result.successes += run.succeeded
             if (run.succeeded or keep_failures) and writer.num_episodes < episodes:
@@ -222,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from envs import make_vector_env
 
         env = make_vector_env(env_cfg, num_envs=args.num_envs)
+        last = args.first_reset_state + (args.max_attempts or 4 * args.episodes)
+        if env.sim.num_reset_states is not None and last > env.sim.num_reset_states:
+            env.close()
+            raise ConfigError(f"--first-reset-state {args.first_reset_state} + --max-attempts (default 4 x "
+                              f"--episodes) reach reset state {last - 1}; the env has {env.sim.num_reset_states}")
         writer = demo_format(env_cfg.env_type).writer(args.out, env, env_cfg, f"{PROG}: {source}")
     except (ConfigError, FileNotFoundError) as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -24,14 +25,24 @@ def _user_files(name: str, request) -> list[str]:
     them the tiny ones the tests make. LIBERO configs check the asset folders: give them a stand-in
     layout (the suites' meshes are not available here). SFT configs read the user's
     demonstrations: give them made-up ones of the shape they expect."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    if name.startswith("libero_"):
+        assets = stand_in_assets(tmp_path / "libero_assets")
+        files = [f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval")]
+        if "_sft_" not in name:
+            return files
+        from test_demos import blank_frame, write_libero_demo
+
+        frame = blank_frame() | {f"{camera}_image": np.zeros((64, 64, 3), np.uint8)
+                                 for camera in ("agentview", "robot0_eye_in_hand")}
+        (tmp_path / "libero_demos").mkdir()  # a folder, as LIBERO's datasets come: one file per task
+        write_libero_demo(tmp_path / "libero_demos" / "task_demo.hdf5", [frame, frame], np.zeros((2, 7), np.float32))
+        return [*files, f"data.demo_paths=[{tmp_path / 'libero_demos'}]"]
     if "_sft_" in name:
         from test_sft import write_demos
 
-        demos = write_demos(request.getfixturevalue("tmp_path") / "push_cube", image=(64, 64))
+        demos = write_demos(tmp_path / "push_cube", image=(64, 64))
         return [f"data.demo_paths=[{demos}]"]
-    if name.startswith("libero_"):
-        assets = stand_in_assets(request.getfixturevalue("tmp_path") / "libero_assets")
-        return [f"env.{split}.init_params.assets_path={assets}" for split in ("train", "eval")]
     if name.startswith("agent_"):
         tiny = request.getfixturevalue("tiny_agent")
         return [f"actor.model.model_path={tiny['model']}", f"data.train_data_paths=[{tiny['data'] / 'train.jsonl'}]",

@@ -320,3 +320,22 @@ def test_bad_libero_demos_name_the_key(tmp_path):
     write_libero_demo(path, [frame, frame], np.zeros((2, 6), np.float32))
     with pytest.raises(DataError, match=r"data/demo_0/actions: has 6 dims per action; the model's action_dim is 7"):
         check_demos(path, action_dim=7)
+
+
+
+def test_record_command_refuses_attempts_past_a_finite_set_of_reset_states(tmp_path, capsys):
+    """LIBERO's init states are a finite set (here 2): attempts that would reset past it are
+    refused before any episode runs, naming the options; nothing is written."""
+    from test_libero import DATA
+
+    split = ["task_suite_name=null", f"init_params.bddl_files=[{BDDL}]", "init_params.init_state_range=[0,2]",
+             f"init_params.assets_path={DATA / 'assets'}", "init_params.privileged_states=true",
+             "init_params.camera_heights=32", "init_params.camera_widths=32", "max_episode_steps=4"]
+    out = tmp_path / "demos"
+    code = main(["--config-name", "libero_spatial_ppo_openvla_oft", "--expert", "libero_pick_place", "--out", str(out),
+                 "--episodes", "2", "--max-attempts", "2", "--first-reset-state", "1", "--num-envs", "1",
+                 *[f"env.train.{o}" for o in split]])
+    assert code == 2
+    assert "--first-reset-state 1 + --max-attempts (default 4 x --episodes) reach reset state 2; the env has 2" \
+        in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

@@ -208,3 +208,48 @@ def test_expert_needs_a_pick_and_place_task():
     cfg = load_env_config("libero_goal", ["init_params.task_ids=[0]", "init_params.privileged_states=true"])
     with pytest.raises(EnvSetupError, match="task open_the_middle_drawer_of_the_cabinet has the goal .* not one On/In"):
         check_config(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_libero_sft_on_expert_demos_brings_the_held_out_nll_down_and_ppo_goes_on_from_it(tmp_path, monkeypatch):
+    """The shortened benchmarks/libero_learning.py on LIBERO-Object's first task: the expert's demos
+    recorded, a tiny OpenVLA-OFT cloned from them through embodied-train (its NLL on demos of
+    other init states falls), then PPO steps from its checkpoint in the real scene."""
+    from benchmarks.libero_learning import RL, SFT, record_demos
+    from tests.runs import ONE_RANK_EACH, embodied
+    from tests.test_pipeline import scalars
+    from tests.test_sft import held_out_nll
+
+    from embodied import checkpoint
+    from embodied.config import compose
+    from policies.openvla_oft.policy import OpenVLAOFTPolicy
+
+    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
+    one_task = ["env.train.init_params.task_ids=[0]", "env.eval.init_params.task_ids=[0]"]
+    assert record_demos(tmp_path / "train", 0, 2, one_task)["episodes"] == 2
+    assert record_demos(tmp_path / "held_out", 30, 31, one_task)["episodes"] == 1
+    common = [f"runner.output_dir={tmp_path}", *one_task, *ONE_RANK_EACH, "env.eval.num_processes=1"]
+    result, _ = embodied("train", ["--config-name", SFT, f"data.demo_paths=[{tmp_path / 'train'}]", *common,
+                                   "runner.max_epochs=60", "runner.save_interval=60", "actor.global_batch_size=32",
+                                   "actor.micro_batch_size=32"])
+    assert result["env_steps"] == 0
+    sft_dir = tmp_path / SFT
+    losses = scalars(sft_dir, "actor/imitation_loss")
+    assert losses[60] < losses[1] - 1.0
+    sft_ckpt = checkpoint.latest(sft_dir / "checkpoints")
+    cfg = compose(SFT, [*one_task, f"data.demo_paths=[{tmp_path / 'held_out'}]"])
+    untrained, cloned = (held_out_nll(OpenVLAOFTPolicy(dict(cfg.actor.model) | {"model_path": str(folder)}).eval(), cfg)
+                         for folder in (sft_dir / "sft_model", sft_ckpt / "actor" / "model"))
+    print(f"held-out NLL per action token: untrained {untrained:.3f}, after SFT {cloned:.3f}")
+    assert cloned < untrained - 1.0
+
+    result, _ = embodied("train", ["--config-name", RL, f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}",
+                                   *common, "runner.max_epochs=2", "runner.save_interval=2",
+                                   "env.train.total_num_envs=2", "env.train.max_episode_steps=16",
+                                   "actor.global_batch_size=4", "actor.micro_batch_size=2"])
+    assert result["env_steps"] == 2 * 2 * 16
+    rl_dir = tmp_path / RL
+    for tag in ("actor/policy_loss", "critic/value_loss", "train/success_once"):
+        values = scalars(rl_dir, tag)
+        assert sorted(values) == [1, 2] and all(np.isfinite(v) for v in values.values()), tag
