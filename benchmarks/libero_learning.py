@@ -77,11 +77,19 @@ def check_held_out(demos: Path, overrides: list[str] = ()) -> None:
             sys.exit(f"{file}: demos start from held-out init states {sorted(shared)}")
 
 
-def held_out(ckpt: Path, out: Path, name: str, overrides: list[str] = ()) -> dict:
-    """Greedy success of a checkpoint on the held-out init states, with videos in ``out/name``."""
-    return embodied("eval", ["--config-name", RL, f"runner.ckpt_path={ckpt}", f"runner.output_dir={out}",
-                             f"runner.experiment_name={name}", "env.eval.video_cfg.save_video=true", *overrides],
-                    out / f"{name}.log")
+def once(command: str, args: list[str], log: Path) -> dict:
+    """``embodied(command, args)``'s JSON line, or that of an earlier run of it that finished."""
+    if log.exists() and (last := (log.read_text().strip().splitlines() or [""])[-1]).startswith("{"):
+        return json.loads(last)
+    return embodied(command, args, log)
+
+
+def held_out(ckpt: Path, out: Path, name: str, overrides: list[str] = (), videos: bool = True) -> dict:
+    """Greedy success of a checkpoint on the held-out init states, with videos and the report in
+    ``out/name`` (recording renders every step: an eval without them takes about half as long)."""
+    return once("eval", ["--config-name", RL, f"runner.ckpt_path={ckpt}", f"runner.output_dir={out}",
+                         f"runner.experiment_name={name}", f"env.eval.video_cfg.save_video={str(videos).lower()}",
+                         *overrides], out / f"{name}.log")
 
 
 def train_curve(run_dir: Path) -> list[dict]:
@@ -111,29 +119,28 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     extra = args.override
 
-    # what a previous run of this command left in --out (demos, finished runs) is reused
+    # what a previous run of this command left in --out (demos, finished runs and evals) is reused
     demos = out / "demos"
     if not any(demos.glob("*.hdf5")):
         record_demos(demos, 0, args.demos_per_task, extra)
     check_held_out(demos, extra)
     common = [f"runner.output_dir={out}", *extra]
     sft_ckpt = out / "sft" / "checkpoints" / f"global_step_{args.sft_steps}"
-    if not sft_ckpt.exists():
-        embodied("train", ["--config-name", SFT, f"data.demo_paths=[{demos}]", "runner.experiment_name=sft",
-                           f"runner.max_epochs={args.sft_steps}", f"runner.save_interval={args.sft_steps}", *common],
-                 out / "sft.log")
+    once("train", ["--config-name", SFT, f"data.demo_paths=[{demos}]", "runner.experiment_name=sft",
+                   f"runner.max_epochs={args.sft_steps}", f"runner.save_interval={args.sft_steps}", *common],
+         out / "sft.log")
     sft = held_out(sft_ckpt, out, "sft_eval", extra)
     print(f"SFT: held-out success {sft['eval_success']:.3f} on {sft['episodes']:.0f} episodes", flush=True)
 
     interval = min(args.eval_every, args.rl_steps)
-    run = embodied("train", ["--config-name", RL, f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}",
-                             "runner.experiment_name=rl", f"runner.max_epochs={args.rl_steps}",
-                             f"runner.save_interval={interval}", *common], out / "rl.log")
+    run = once("train", ["--config-name", RL, f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}",
+                         "runner.experiment_name=rl", f"runner.max_epochs={args.rl_steps}",
+                         f"runner.save_interval={interval}", *common], out / "rl.log")
     curve = train_curve(out / "rl")
     evals = {0: sft["eval_success"]}
     for step in [*range(interval, args.rl_steps, interval), args.rl_steps]:
         evals[step] = held_out(out / "rl" / "checkpoints" / f"global_step_{step}", out, f"rl_eval_{step}",
-                               extra)["eval_success"]
+                               extra, videos=step == args.rl_steps)["eval_success"]
         print(f"RL step {step}: held-out success {evals[step]:.3f}", flush=True)
     for point in curve:
         print(f"  {point}")

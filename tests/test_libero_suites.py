@@ -5,7 +5,6 @@ goal state is set in the simulator by hand. The asset lookup refuses an incomple
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from importlib import metadata
@@ -161,49 +160,6 @@ def test_cameras_render_once_per_chunk_and_show_what_liberos_own_env_shows(monke
         theirs.close()
 
 
-@pytest.mark.slow
-def test_expert_records_libero_demos_that_the_reader_gives_back_and_that_replay(tmp_path, capsys, monkeypatch):
-    """``python -m embodied.record --expert libero_pick_place`` on LIBERO-Object's first task:
-    successful episodes in LIBERO's demo layout, read back by envs/demos.py as the env shows them;
-    replaying a demo's actions from its init state gives its observations again."""
-    import h5py
-
-    from embodied.record import main
-    from envs.demos import demo_view, read_demos
-
-    monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
-    split = ["env.train.task_suite_name=libero_object", "env.train.init_params.task_ids=[0]",
-             "env.train.init_params.init_state_range=[0,40]", "env.train.init_params.camera_heights=64",
-             "env.train.init_params.camera_widths=64", "env.train.max_episode_steps=200"]
-    code = main(["--config-name", "libero_spatial_ppo_openvla_oft", "--expert", "libero_pick_place",
-                 "--out", str(tmp_path / "demos"), "--episodes", "2", "--num-envs", "2", "--first-reset-state", "5",
-                 *split])
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert code == 0, lines
-    summary = json.loads(lines[-1])
-    file = tmp_path / "demos" / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_demo.hdf5"
-    assert summary["files"] == [str(file)] and summary["episodes"] == 2 and summary["success_rate"] > 0
-    with h5py.File(file) as f:
-        assert f["data"].attrs["num_demos"] == 2 and f["data/demo_0/obs/agentview_rgb"].shape[1:] == (64, 64, 3)
-        init_states = [int(f[f"data/demo_{i}"].attrs["init_state"]) for i in range(2)]
-    assert set(init_states) <= {5, 6, 7, 8, 9, 10, 11, 12}
-
-    cfg = load_env_config("libero_object", [o.removeprefix("env.train.") for o in split])
-    demos = list(read_demos(file, **demo_view(cfg), action_dim=7))
-    assert len(demos) == 2 and all(d.success for d in demos)
-    demo = demos[0]
-    assert demo.obs["task_descriptions"][0] == "pick up the alphabet soup and place it in the basket"
-    env = make_vector_env(cfg, num_envs=1)
-    with env:
-        seen = [env.reset([init_states[0]])]
-        for action in demo.actions:
-            obs, rewards, terminations, _, _ = env.chunk_step(action[None, None])
-            seen.append(obs)
-        assert terminations[0, -1] and rewards.sum() == 1  # the last action succeeds again
-    for key in ("main_images", "wrist_images", "states"):
-        np.testing.assert_allclose(demo.obs[key], np.concatenate([o[key] for o in seen[:-1]]), atol=1e-5)
-
-
 def test_expert_needs_a_pick_and_place_task():
     cfg = load_env_config("libero_goal", ["init_params.task_ids=[0]", "init_params.privileged_states=true"])
     with pytest.raises(EnvSetupError, match="task open_the_middle_drawer_of_the_cabinet has the goal .* not one On/In"):
@@ -212,10 +168,15 @@ def test_expert_needs_a_pick_and_place_task():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
-def test_libero_sft_on_expert_demos_brings_the_held_out_nll_down_and_ppo_goes_on_from_it(tmp_path, monkeypatch):
-    """The shortened benchmarks/libero_learning.py on LIBERO-Object's first task: the expert's demos
-    recorded, a tiny OpenVLA-OFT cloned from them through embodied-train (its NLL on demos of
-    other init states falls), then PPO steps from its checkpoint in the real scene."""
+def test_expert_demos_read_back_replay_and_teach_a_vla_that_ppo_goes_on_from(tmp_path, monkeypatch):
+    """The shortened benchmarks/libero_learning.py on LIBERO-Object's first task.
+    ``python -m embodied.record --expert libero_pick_place`` writes successful episodes in LIBERO's
+    demo layout, which envs/demos.py reads back as the env shows them, and whose actions replay
+    from their init state to the same observations; a tiny OpenVLA-OFT cloned from them through
+    embodied-train gets a lower NLL on demos of another init state; PPO steps from its checkpoint
+    in the real scene."""
+    import h5py
+
     from benchmarks.libero_learning import RL, SFT, record_demos
     from tests.runs import ONE_RANK_EACH, embodied
     from tests.test_pipeline import scalars
@@ -223,12 +184,34 @@ def test_libero_sft_on_expert_demos_brings_the_held_out_nll_down_and_ppo_goes_on
 
     from embodied import checkpoint
     from embodied.config import compose
+    from envs.demos import demo_view, read_demos
     from policies.openvla_oft.policy import OpenVLAOFTPolicy
 
     monkeypatch.delenv("LIBERO_ASSETS_PATH", raising=False)
     one_task = ["env.train.init_params.task_ids=[0]", "env.eval.init_params.task_ids=[0]"]
-    assert record_demos(tmp_path / "train", 0, 2, one_task)["episodes"] == 2
+    summary = record_demos(tmp_path / "train", 0, 2, one_task)
+    file = tmp_path / "train" / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_demo.hdf5"
+    assert summary["files"] == [str(file)] and summary["episodes"] == 2 and summary["success_rate"] > 0
     assert record_demos(tmp_path / "held_out", 30, 31, one_task)["episodes"] == 1
+    with h5py.File(file) as f:
+        assert f["data"].attrs["num_demos"] == 2 and f["data/demo_0/obs/agentview_rgb"].shape[1:] == (64, 64, 3)
+        assert sorted(int(f[f"data/demo_{i}"].attrs["init_state"]) for i in range(2)) == [0, 1]
+        first_state = int(f["data/demo_0"].attrs["init_state"])
+
+    cfg = compose(SFT, one_task).env.train
+    demos = list(read_demos(file, **demo_view(cfg), action_dim=7))
+    assert len(demos) == 2 and all(d.success for d in demos)
+    demo = demos[0]
+    assert demo.obs["task_descriptions"][0] == "pick up the alphabet soup and place it in the basket"
+    with make_vector_env(cfg, num_envs=1) as env:
+        seen = [env.reset([first_state])]
+        for action in demo.actions:
+            obs, rewards, terminations, _, _ = env.chunk_step(action[None, None])
+            seen.append(obs)
+        assert terminations[0, -1] and rewards.sum() == 1  # the last action succeeds again
+    for key in ("main_images", "wrist_images", "states"):
+        np.testing.assert_allclose(demo.obs[key], np.concatenate([o[key] for o in seen[:-1]]), atol=1e-5)
+
     common = [f"runner.output_dir={tmp_path}", *one_task, *ONE_RANK_EACH, "env.eval.num_processes=1"]
     result, _ = embodied("train", ["--config-name", SFT, f"data.demo_paths=[{tmp_path / 'train'}]", *common,
                                    "runner.max_epochs=60", "runner.save_interval=60", "actor.global_batch_size=32",
