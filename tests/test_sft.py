@@ -119,11 +119,14 @@ def test_openvla_oft_sft_trains_a_checkpoint_holding_the_demos_statistics(head, 
     from policies.openvla_oft.policy import OpenVLAOFTPolicy
 
     demos = write_demos(tmp_path / "push", episodes=2, steps=6, image=(64, 64))
+    width = 96 if head == "l1_regression" else None  # actor.model.hidden_size: the built LLM's width (default 64)
     cfg = compose("maniskill_sft_openvla_oft", [f"data.demo_paths=[{demos}]", f"runner.output_dir={tmp_path}",
-                                                f"actor.model.action_head={head}", "actor.model.num_action_chunks=2"])
+                                                f"actor.model.action_head={head}", "actor.model.num_action_chunks=2",
+                                                f"actor.model.hidden_size={width or 'null'}"])
     prepared = demonstrations.prepare(cfg)
     model = prepared.actor.model
     assert model.unnorm_key == "push" and Path(model.model_path) == tmp_path / cfg.runner.experiment_name / "sft_model"
+    assert json.loads((Path(model.model_path) / "config.json").read_text())["text_config"]["hidden_size"] == (width or 64)
     actions = np.concatenate([d.actions for d in demonstrations.read_demos(demos, obs_mode="rgb")])
     stats = json.loads((Path(model.model_path) / "dataset_statistics.json").read_text())["push"]["action"]
     np.testing.assert_allclose(stats["q99"], np.quantile(actions.astype(np.float64), 0.99, axis=0), rtol=1e-6)

@@ -379,8 +379,8 @@ class OpenVLAOFTPolicy(Policy):
         """The checkpoint an SFT run trains, in ``folder``, with the demos' statistics
         (``dataset_statistics.json`` under ``dataset``, which becomes ``unnorm_key``): with
         ``model_path`` null a tiny OpenVLA-OFT in the public layout (``tiny.py``; ``image_size``
-        or 56 px, the L1 head's file for ``action_head: l1_regression``, a proprio projector for
-        ``use_proprio``); else ``model_path``'s files linked, its statistics plus the demos'. A
+        or 56 px, its LLM ``hidden_size`` or 64 wide, the L1 head's file for ``action_head:
+        l1_regression``, a proprio projector for ``use_proprio``); else ``model_path``'s files linked, its statistics plus the demos'. A
         checkpoint that already holds ``dataset`` is trained as it is (its statistics kept), and
         a folder prepared by an earlier start of the run is taken again."""
         options = dict(cfg) | {"unnorm_key": dataset}
@@ -403,7 +403,9 @@ class OpenVLAOFTPolicy(Policy):
             from policies.openvla_oft.tiny import tiny_config, write_tiny_checkpoint
 
             size = cfg.get("image_size") or (56, 56)
-            write_tiny_checkpoint(folder, config=tiny_config(image_size=int(size[0]), stats={dataset: stats}),
+            config = tiny_config(image_size=int(size[0]), llm_hidden=int(cfg.get("hidden_size") or 64),
+                                 stats={dataset: stats})
+            write_tiny_checkpoint(folder, config=config,
                                   proprio_dim=states.shape[1] if cfg["use_proprio"] else None,
                                   l1_head=cfg["action_head"] == "l1_regression")
             return options
