@@ -174,6 +174,10 @@ def test_bad_demos_stop_the_command_naming_the_file_episode_and_key(tmp_path, ca
 
     code, err = _train([*base, "data.demo_paths=[]"], capsys)
     assert code == 2 and "data.demo_paths = []: expected at least one demo file" in err
+    (tmp_path / "empty").mkdir()  # a folder stands for its demo files: none is an error
+    code, err = _train([*base, f"data.demo_paths=[{tmp_path / 'empty'}]"], capsys)
+    assert code == 2 and f"data.demo_paths: the folder {tmp_path / 'empty'} holds no demo file (*.h5, *.hdf5)" in err
+    assert _train([*base, f"data.demo_paths=[{tmp_path}]"], capsys)[0] == 0  # the folder holding good.h5
     with h5py.File(tmp_path / "other.h5", "w") as f:
         f.create_dataset("observations", data=np.zeros(3))
     code, err = _train([*base, f"data.demo_paths=[{tmp_path / 'other.h5'}]"], capsys)
