@@ -2,7 +2,7 @@
 the scripted expert's demos of LIBERO-Object's first five tasks, then PPO lifts its held-out
 success, in one command.
 
-    python benchmarks/libero_learning.py [--demos-per-task 30] [--sft-steps 3000] [--rl-steps 50]
+    python benchmarks/libero_learning.py [--demos-per-task 30] [--sft-steps 3000] [--rl-steps 75]
         [--out results/libero_learning]
 
 1. **Demos**: ``python -m embodied.record --expert libero_pick_place`` (``envs/experts.py``, which
@@ -111,8 +111,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demos-per-task", type=int, default=30, help="init states 0..N-1 of each task recorded")
     parser.add_argument("--sft-steps", type=int, default=3000, help="SFT optimizer steps (64 demo steps each)")
-    parser.add_argument("--rl-steps", type=int, default=50, help="PPO steps (3200 env steps each)")
-    parser.add_argument("--eval-every", type=int, default=20, help="held-out eval of every N-th RL checkpoint")
+    parser.add_argument("--rl-steps", type=int, default=75,
+                        help="PPO steps (3200 env steps each; 75 take about 60 min here)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="held-out eval of every N-th RL step's checkpoint too (100 episodes: ~8 min here each)")
     parser.add_argument("--out", default="results/libero_learning", help="folder of the demos, runs and videos")
     parser.add_argument("-o", "--override", action="append", default=[], help="extra override of every run")
     args = parser.parse_args()
@@ -133,7 +135,7 @@ def main() -> None:
     sft = held_out(sft_ckpt, out, "sft_eval", extra, videos=False)
     print(f"SFT: held-out success {sft['eval_success']:.3f} on {sft['episodes']:.0f} episodes", flush=True)
 
-    interval = min(args.eval_every, args.rl_steps)
+    interval = min(args.eval_every or args.rl_steps, args.rl_steps)
     run = once("train", ["--config-name", RL, f"actor.model.model_path={sft_ckpt / 'actor' / 'model'}",
                          "runner.experiment_name=rl", f"runner.max_epochs={args.rl_steps}",
                          f"runner.save_interval={interval}", *common], out / "rl.log")

@@ -126,7 +126,8 @@ def test_openvla_oft_sft_trains_a_checkpoint_holding_the_demos_statistics(head, 
     prepared = demonstrations.prepare(cfg)
     model = prepared.actor.model
     assert model.unnorm_key == "push" and Path(model.model_path) == tmp_path / cfg.runner.experiment_name / "sft_model"
-    assert json.loads((Path(model.model_path) / "config.json").read_text())["text_config"]["hidden_size"] == (width or 64)
+    built = json.loads((Path(model.model_path) / "config.json").read_text())
+    assert built["text_config"]["hidden_size"] == (width or 64)
     actions = np.concatenate([d.actions for d in demonstrations.read_demos(demos, obs_mode="rgb")])
     stats = json.loads((Path(model.model_path) / "dataset_statistics.json").read_text())["push"]["action"]
     np.testing.assert_allclose(stats["q99"], np.quantile(actions.astype(np.float64), 0.99, axis=0), rtol=1e-6)

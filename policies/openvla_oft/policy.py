@@ -380,9 +380,10 @@ class OpenVLAOFTPolicy(Policy):
         (``dataset_statistics.json`` under ``dataset``, which becomes ``unnorm_key``): with
         ``model_path`` null a tiny OpenVLA-OFT in the public layout (``tiny.py``; ``image_size``
         or 56 px, its LLM ``hidden_size`` or 64 wide, the L1 head's file for ``action_head:
-        l1_regression``, a proprio projector for ``use_proprio``); else ``model_path``'s files linked, its statistics plus the demos'. A
-        checkpoint that already holds ``dataset`` is trained as it is (its statistics kept), and
-        a folder prepared by an earlier start of the run is taken again."""
+        l1_regression``, a proprio projector for ``use_proprio``); else ``model_path``'s files
+        linked, its statistics plus the demos'. A checkpoint that already holds ``dataset`` is
+        trained as it is (its statistics kept), and a folder prepared by an earlier start of the
+        run is taken again."""
         options = dict(cfg) | {"unnorm_key": dataset}
         source = cfg.get("model_path")
         if source is not None and dataset in checkpoint.read_config(source).norm_stats:
