@@ -214,14 +214,14 @@ def test_expert_demos_read_back_replay_and_teach_a_vla_that_ppo_goes_on_from(tmp
 
     common = [f"runner.output_dir={tmp_path}", *one_task, *ONE_RANK_EACH, "env.eval.num_processes=1"]
     result, _ = embodied("train", ["--config-name", SFT, f"data.demo_paths=[{tmp_path / 'train'}]", *common,
-                                   "runner.max_epochs=60", "runner.save_interval=60", "actor.global_batch_size=32",
-                                   "actor.micro_batch_size=32"])
+                                   "runner.max_epochs=40", "runner.save_interval=40", "actor.global_batch_size=32",
+                                   "actor.micro_batch_size=32", "actor.model.hidden_size=64"])
     assert result["env_steps"] == 0
     sft_dir = tmp_path / SFT
     losses = scalars(sft_dir, "actor/imitation_loss")
-    assert losses[60] < losses[1] - 1.0
+    assert losses[40] < losses[1] - 1.0
     sft_ckpt = checkpoint.latest(sft_dir / "checkpoints")
-    cfg = compose(SFT, [*one_task, f"data.demo_paths=[{tmp_path / 'held_out'}]"])
+    cfg = compose(SFT, [*one_task, f"data.demo_paths=[{tmp_path / 'held_out'}]", "actor.model.hidden_size=64"])
     untrained, cloned = (held_out_nll(OpenVLAOFTPolicy(dict(cfg.actor.model) | {"model_path": str(folder)}).eval(), cfg)
                          for folder in (sft_dir / "sft_model", sft_ckpt / "actor" / "model"))
     print(f"held-out NLL per action token: untrained {untrained:.3f}, after SFT {cloned:.3f}")
