@@ -97,8 +97,9 @@ def embodied(command: str, args: list[str], log: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def curve(run_dir: Path) -> list[dict]:
-    """(time since the run's first event, step, held-out success, train return) at every eval."""
+def curve(run_dir: Path, tag: str = "eval/success_once") -> list[dict]:
+    """(time since the run's first event, step, success, train return) at every step that logged
+    ``tag``: the held-out evals by default, ``train/success_once`` for the sampled episodes."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
@@ -108,7 +109,7 @@ def curve(run_dir: Path) -> list[dict]:
     start = min(e.wall_time for tag in tags for e in events.Scalars(tag))
     return [{"time_s": round(e.wall_time - start, 1), "step": e.step, "success": round(e.value, 4),
              "return": round(returns[e.step], 3) if e.step in returns else None}
-            for e in events.Scalars("eval/success_once")]
+            for e in events.Scalars(tag)]
 
 
 def held_out(ckpt: Path, out: Path, name: str, episodes: int) -> float:

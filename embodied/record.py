@@ -223,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from envs import make_vector_env
 
         env = make_vector_env(env_cfg, num_envs=args.num_envs)
-        last = args.first_reset_state + (args.max_attempts or 4 * args.episodes)
+        max_attempts = args.max_attempts or 4 * args.episodes
+        last = args.first_reset_state + max_attempts
         if env.sim.num_reset_states is not None and last > env.sim.num_reset_states:
             env.close()
             raise ConfigError(f"--first-reset-state {args.first_reset_state} + --max-attempts (default 4 x "
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
     with env, writer:
-        result = record(env, act, writer, episodes=args.episodes, max_attempts=args.max_attempts or 4 * args.episodes,
+        result = record(env, act, writer, episodes=args.episodes, max_attempts=max_attempts,
                         first_reset_state=args.first_reset_state, keep_failures=args.keep_failures)
     files = [str(p) for p in writer.paths]
     what = "episodes" if args.keep_failures else "successful episodes"
