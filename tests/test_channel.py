@@ -309,11 +309,15 @@ MULTI_NODE = textwrap.dedent("""
     def consume(ch, key, n):
         return [ch.get(key, timeout=60) for _ in range(n)]
 
+    @ray.remote(num_cpus=0)
+    def touch(ch, key):
+        return ch.qsize(key)
+
     ch = Channel.create("env_buffer_list", maxsize=2)
     on_other = dict(scheduling_strategy=NodeAffinitySchedulingStrategy(other, soft=False))
-    # key 'a' lives on the other node (its producer touches it first); this node reads it remotely
+    # key 'a' lives on the other node (a process there touches it first); this node reads it remotely
+    assert ray.get(touch.options(**on_other).remote(ch, "a")) == 0
     done = produce.options(**on_other).remote(ch, "a", 6)
-    ray.wait([done], timeout=3)  # let it claim the key and fill the queue (bound 2)
     deadline = time.monotonic() + 60
     while ch.qsize("a") < 2 and time.monotonic() < deadline:  # counted on the key's node
         time.sleep(0.05)
