@@ -10,6 +10,7 @@ those of other sessions running beside the suite that are still in use, do not c
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -58,13 +59,37 @@ def leaked_segments(before: set[str], settle: float = SETTLE_S) -> list[str]:
         time.sleep(0.2)
 
 
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per module, measured in a full-tier run
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each module's total test time to {DURATIONS.name} (the full tier's order)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with slow tests first, the others after them, each in its own order: the full
-    tier runs in two processes, one module at a time each (scripts/test.sh: pytest-xdist's
-    ``--dist loadfile``), and the short modules then fill the end instead of one long module
-    running alone at it."""
+    """The longest modules first, by the seconds ``--store-durations`` measured (modules with slow
+    tests next, the rest last), each in its own order: the full tier runs in three processes, one
+    module at a time each (scripts/test.sh: pytest-xdist's ``--dist loadfile``), and the short
+    modules then fill the end instead of one long module running alone at it. A stale record only
+    costs balance."""
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: (-seconds.get(item.path.relative_to(root).as_posix(), 0), item.path not in slow))
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _measured[path] = _measured.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.getoption("--store-durations") and not hasattr(session.config, "workerinput"):
+        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_measured.items())}, indent=1) + "\n")
 
 
 @pytest.fixture(autouse=True)
