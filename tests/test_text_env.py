@@ -220,7 +220,8 @@ def _corrupt_row_group(path: Path, group: int) -> bytes:
     ("latin1.jsonl", '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "café", "answer": "4"}\n'.encode("latin-1"),
      r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 16\)"),
     ("utf16.jsonl", '{"prompt": "1+1=", "answer": "2"}\n'.encode("utf-16"), r"utf16.jsonl:1: not UTF-8 text"),
-    ("gzipped.jsonl", gzip.compress(b'{"prompt": "1+1=", "answer": "2"}\n', mtime=0)  # mtime 0: the same test id in every test process, r"gzipped.jsonl:1: not UTF-8 text"),
+    ("gzipped.jsonl", gzip.compress(b'{"prompt": "1+1=", "answer": "2"}\n', mtime=0),  # mtime 0: every test process collects the same id
+     r"gzipped.jsonl:1: not UTF-8 text"),
     ("text.parquet", b'{"prompt": "1+1=", "answer": "2"}\n', r"text.parquet: not a readable parquet file \(Parquet magic"),
     ("cut.parquet", lambda path: _parquet(path)[:300], r"cut.parquet: not a readable parquet file"),
     ("group.parquet", lambda path: _corrupt_row_group(path, 2), r"group.parquet: row group 3 of 4 cannot be read"),
