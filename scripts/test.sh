@@ -4,7 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Three test processes, one module at a time each (pytest-xdist), the longest modules first
-# (tests/durations.json): end-to-end runs leave the cores idle part of the time (waiting on the
-# processes they start), which the other processes fill; a third one filled the last gaps of two
-# (26.5 against 29.4 minutes, the same tree on this 2-core VM).
-exec .venv/bin/python -m pytest -m "slow or not slow" -p no:cacheprovider -n 3 --dist loadfile --durations=15 "$@"
+# (tests/durations.json; xdist's own reorder, by test count, off): end-to-end runs leave the cores
+# idle part of the time (waiting on the processes they start), which the other processes fill.
+exec .venv/bin/python -m pytest -m "slow or not slow" -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=15 "$@"
