@@ -79,17 +79,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-seconds.get(item.path.relative_to(root).as_posix(), 0), item.path not in slow))
 
 
-_measured: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    path = report.nodeid.split("::")[0]
-    _measured[path] = _measured.get(path, 0.0) + report.duration
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if session.config.getoption("--store-durations") and not hasattr(session.config, "workerinput"):
-        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_measured.items())}, indent=1) + "\n")
+    """``--store-durations``: the module sums of the reports pytest's terminal reporter kept (what
+    ``--durations`` reads; with xdist, the controller holds every process's reports)."""
+    if not session.config.getoption("--store-durations") or hasattr(session.config, "workerinput"):
+        return
+    seconds: dict[str, float] = {}
+    for reports in session.config.pluginmanager.get_plugin("terminalreporter").stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::")[0]
+                seconds[path] = seconds.get(path, 0.0) + report.duration
+    DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(seconds.items())}, indent=1) + "\n")
 
 
 @pytest.fixture(autouse=True)
