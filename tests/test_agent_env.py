@@ -203,7 +203,9 @@ def test_the_games_of_a_turn_step_at_once_so_slow_tools_overlap(tmp_path, tokeni
     call = "<python>import time; time.sleep(1); print(5535, end='')</python>"
     kept, walls = [], []
     for parallel in (1, 4):
-        env = AgentEnv(agent_cfg(rows, tokenizers["chatml"], parallel_turns=parallel) | {"total_num_envs": 4}, 4)
+        # a 5 s limit for 1 s calls: under the full suite's load a 2 s one was once overrun
+        env = AgentEnv(agent_cfg(rows, tokenizers["chatml"], parallel_turns=parallel, tool_timeout_s=5.0)
+                       | {"total_num_envs": 4}, 4)
         env.reset()
         tic = time.monotonic()
         env.chunk_step(responses(env, [call] * 4, width=80))

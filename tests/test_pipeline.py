@@ -106,6 +106,51 @@ def test_offload_between_phases_trains_exactly_like_resident_workers(tmp_path):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+def _tags(log_dir: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events.Reload()
+    return events.Tags()["scalars"]
+
+
+def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
+    """With rollout.pipeline_stage_num=2 each env worker's envs form two stages that take turns
+    with the policy; every env must still get the actions for its own observations, so greedy
+    episodes of one checkpoint are the same as without stages."""
+    embodied("train", tiny(tmp_path, placement=ONE_RANK_EACH) + ["runner.max_epochs=1"])
+    returns = {}
+    for stages in (1, 2):
+        name = f"stages{stages}"
+        embodied("eval", tiny(tmp_path, name, ONE_RANK_EACH) + [
+            f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.total_num_envs=8",
+            f"rollout.pipeline_stage_num={stages}"])
+        returns[stages] = scalars(tmp_path / name, "eval/return")
+    # exact: the same per-env returns (deterministic CPU physics), averaged in the same order
+    assert returns[1] == returns[2] and returns[1][1] != 0.0
+
+
+def test_cnn_policy_trains_from_camera_images(tmp_path):
+    """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers; a rollout
+    window of two episodes (``max_steps_per_rollout_epoch``, the envs resetting inside it)."""
+    args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn", ONE_RANK_EACH), "runner.max_epochs=2",
+            "runner.save_interval=1", "env.train.auto_reset=true", "env.train.max_steps_per_rollout_epoch=20"]
+    result, _ = embodied("train", args)
+    assert result["env_steps"] == 2 * 4 * 20
+    for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
+        values = scalars(tmp_path / "cnn", tag)
+        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), (tag, values)
+    ckpts = tmp_path / "cnn" / "checkpoints"
+    assert checkpoint.latest(ckpts).name == "global_step_2"
+    first, second = (torch.load(ckpts / f"global_step_{n}" / "actor" / "model.pt", weights_only=True)
+                     for n in (1, 2))
+    conv = "image_encoder.0.0.weight"  # the first conv layer: image features are trained
+    assert first[conv].shape == (32, 3, 8, 8) and not torch.equal(first[conv], second[conv])
+
+
+# The killed-run test starts two Ray clusters of its own; it comes after the module's first tests so
+# that it does not start them while the suite's processes start theirs (once, under that load, a
+# raylet missed Ray's fixed 30 s to register).
 @pytest.fixture(scope="module")
 def exit_by_themselves():
     """Processes that must exit by themselves by a deadline: ``(processes, deadline, run pid)``,
@@ -183,48 +228,6 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_thems
     assert final[0].keys() == final[1].keys()
     for key in final[0]:
         torch.testing.assert_close(final[1][key], final[0][key], rtol=1e-6, atol=1e-9)
-
-
-def _tags(log_dir: Path) -> list[str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(log_dir / "tensorboard"))
-    events.Reload()
-    return events.Tags()["scalars"]
-
-
-def test_pipelined_rollout_plays_the_same_episodes(tmp_path):
-    """With rollout.pipeline_stage_num=2 each env worker's envs form two stages that take turns
-    with the policy; every env must still get the actions for its own observations, so greedy
-    episodes of one checkpoint are the same as without stages."""
-    embodied("train", tiny(tmp_path, placement=ONE_RANK_EACH) + ["runner.max_epochs=1"])
-    returns = {}
-    for stages in (1, 2):
-        name = f"stages{stages}"
-        embodied("eval", tiny(tmp_path, name, ONE_RANK_EACH) + [
-            f"runner.ckpt_path={tmp_path / 'tiny' / 'checkpoints'}", "env.eval.total_num_envs=8",
-            f"rollout.pipeline_stage_num={stages}"])
-        returns[stages] = scalars(tmp_path / name, "eval/return")
-    # exact: the same per-env returns (deterministic CPU physics), averaged in the same order
-    assert returns[1] == returns[2] and returns[1][1] != 0.0
-
-
-def test_cnn_policy_trains_from_camera_images(tmp_path):
-    """maniskill_ppo_cnn: rgb observations through the env, rollout and actor workers; a rollout
-    window of two episodes (``max_steps_per_rollout_epoch``, the envs resetting inside it)."""
-    args = ["--config-name", "maniskill_ppo_cnn", *tiny(tmp_path, "cnn", ONE_RANK_EACH), "runner.max_epochs=2",
-            "runner.save_interval=1", "env.train.auto_reset=true", "env.train.max_steps_per_rollout_epoch=20"]
-    result, _ = embodied("train", args)
-    assert result["env_steps"] == 2 * 4 * 20
-    for tag in ("actor/policy_loss", "critic/value_loss", "actor/grad_norm"):
-        values = scalars(tmp_path / "cnn", tag)
-        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), (tag, values)
-    ckpts = tmp_path / "cnn" / "checkpoints"
-    assert checkpoint.latest(ckpts).name == "global_step_2"
-    first, second = (torch.load(ckpts / f"global_step_{n}" / "actor" / "model.pt", weights_only=True)
-                     for n in (1, 2))
-    conv = "image_encoder.0.0.weight"  # the first conv layer: image features are trained
-    assert first[conv].shape == (32, 3, 8, 8) and not torch.equal(first[conv], second[conv])
 
 
 def test_ppo_learns_push_cube_far_above_the_untrained_policy(tmp_path):
