@@ -14,11 +14,15 @@ rank asks for a third of a CPU slot. Node 0 is the driver's node; the others fol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
+import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -38,11 +42,42 @@ logging.getLogger("ray._private.authentication.authentication_token_setup").addF
 
 NODE_JOIN_TIMEOUT_S = 60.0  # how long a joined cluster may take to show cluster.num_nodes nodes
 RESERVE_TIMEOUT_S = 60.0  # how long Ray may take to reserve a node's devices
+LOCAL_START_ATTEMPTS = 3  # starts of a local Ray node before its failure is the run's
 _RESOURCE_STEPS = 10_000  # Ray counts resources in steps of 1e-4
 
 
 class ClusterError(RuntimeError):
     """The Ray cluster does not match ``cluster.*`` or cannot give the devices asked for."""
+
+
+def _start_local_ray(attempts: int = LOCAL_START_ATTEMPTS) -> None:
+    """``ray.init`` of a local cluster, started again when its node does not come up: the raylet
+    exits when Ray's metrics agent takes over a fixed 15 s to start (ray-project/ray#65983), which
+    a loaded machine can make it do. A failed start's processes are stopped before the next."""
+    for attempt in range(1, attempts + 1):
+        before = _child_pids()
+        try:
+            ray.init(address="local", include_dashboard=False)
+            return
+        except Exception as err:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(err) or attempt == attempts:
+                raise
+            ray.shutdown()
+            for pid in _child_pids() - before:
+                with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            print(f"the local Ray node did not start ({' '.join(str(err).split())}); starting it again "
+                  f"({attempt + 1} of {attempts})", file=sys.stderr)
+
+
+def _child_pids() -> set[int]:
+    """This process's children, from /proc (empty where the kernel does not list them)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
 
 
 class Cluster:
@@ -76,7 +111,10 @@ class Cluster:
                     "others, then set cluster.ray_address (or RAY_ADDRESS)"
                 )
             try:
-                ray.init(address=self.address or "local", include_dashboard=False)
+                if self.address is None:
+                    _start_local_ray()
+                else:
+                    ray.init(address=self.address, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise ClusterError(
                     f"cannot join the Ray cluster at cluster.ray_address={self.address!r}: {err}"
