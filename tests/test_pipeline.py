@@ -149,8 +149,8 @@ def test_cnn_policy_trains_from_camera_images(tmp_path):
 
 
 # The killed-run test starts two Ray clusters of its own; it comes after the module's first tests so
-# that it does not start them while the suite's processes start theirs (once, under that load, a
-# raylet missed Ray's fixed 30 s to register).
+# that it does not start them while the suite's processes start theirs (under load Ray's metrics
+# agent can miss the raylet's fixed 15 s; embodied/cluster.py then starts the node again).
 @pytest.fixture(scope="module")
 def exit_by_themselves():
     """Processes that must exit by themselves by a deadline: ``(processes, deadline, run pid)``,
