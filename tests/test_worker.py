@@ -393,7 +393,7 @@ def test_a_local_node_whose_agent_starts_too_slowly_is_started_again(tmp_path):
         f"if any(a.endswith('dashboard/agent.py') for a in sys.argv) and not os.path.exists({str(marker)!r}):\n"
         f"    open({str(marker)!r}, 'w').close()\n"
         "    time.sleep(20)\n")
-    script = ("import os, ray\nfrom embodied.cluster import Cluster\nc = Cluster(num_nodes=1)\n"
+    script = ("import ray\nfrom embodied.cluster import Cluster\nc = Cluster(num_nodes=1)\n"
               "print(ray.get(ray.remote(lambda: 7).remote()))\n"
               "import psutil\nprint(len([p for p in psutil.Process().children(recursive=True) "
               "if p.name() in ('gcs_server', 'raylet')]))\nc.shutdown()\n")
