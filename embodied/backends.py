@@ -6,8 +6,8 @@ each a ``core.backend.TrainingBackend``), and what generates the rollouts (``rol
 - ``megatron``: Megatron-Core tensor parallelism and data parallelism over the rest
   (``policies/megatron/backend.py``).
 
-Each registry entry declares the keys only it reads (``reads``); the config layer refuses them
-under the other backend.
+Each registry entry declares the keys only it reads (``reads``); the config layer
+(``embodied.config``) checks the choices and refuses those keys under the other backend.
 
 Rollouts: ``huggingface`` runs the model's own policy class (``generate`` for the causal LM); a
 serving engine (``vllm``, ``sglang``) is the model registry's ``rollout`` class for it, which takes
@@ -17,7 +17,6 @@ the engine that has them with the same meaning (its ``rollout_keys``) and refuse
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 from core.backend import TrainingBackend
-from core.errors import ConfigError
 from core.registry import Registry, load
 from embodied.config import build_policy
 from embodied.training_options import fsdp_mesh, fsdp_options, grad_scaler
@@ -42,7 +40,7 @@ from policies.base import Policy
 from policies.megatron import READ as MEGATRON_READS
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("actor.training_backend", "rollout.backend", "rollout.model.precision")
+CONFIG_KEYS = ("rollout.backend", "rollout.model.precision")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 OPTIMIZER_FILE = "optimizer.pt"
@@ -106,28 +104,6 @@ BACKENDS.add("fsdp", FSDP, reads={"actor.fsdp_config": "FSDP2's sharding, precis
 BACKENDS.add("megatron", "policies.megatron.backend:MegatronBackend", reads=MEGATRON_READS)
 
 
-def replicas(cfg: Any) -> int:
-    """Actor ranks that train on the same samples (a tensor-parallel group), 1 with FSDP."""
-    return cfg.actor.model.tensor_model_parallel_size if cfg.actor.training_backend == "megatron" else 1
-
-
-def check(cfg: Any, actor_ranks: int) -> None:
-    """The backend's checks before any worker starts: the model has a class for it, and the
-    backend's own (``TrainingBackend.check``)."""
-    backend, model = cfg.actor.training_backend, cfg.actor.model
-    trained = ["fsdp", *POLICIES.declared(model.model_type)["training"]]
-    if backend not in trained:
-        raise ConfigError(f"actor.training_backend = {backend!r}: expected {' or '.join(trained)} with "
-                          f"model_type {model.model_type}")
-    BACKENDS.get(backend).check(cfg, actor_ranks)
-
-
-def unread_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
-    """The keys this config's backends do not read, with why."""
-    backend = cfg.actor.training_backend
-    return BACKENDS.unread(backend) | BACKENDS.get(backend).refused(cfg) | rollout_unread_keys(cfg)
-
-
 def rollout_options(cfg: Any) -> dict[str, Any]:
     """The ``actor.model`` options a rollout worker builds its policy from."""
     options = OmegaConf.to_container(cfg.actor.model, resolve=True)
@@ -150,38 +126,3 @@ def build_rollout_policy(cfg: Any, cpu_threads: int | None = None) -> Policy:
     schema.check(options, "actor.model.", options["model_type"])
     engine = load(POLICIES.declared(options["model_type"])["rollout"][backend])
     return engine(options, OmegaConf.to_container(cfg.rollout, resolve=True), cpu_threads=cpu_threads)
-
-
-def check_rollout(cfg: Any) -> None:
-    """The model has an engine for ``rollout.backend``, and the engine can run on this machine."""
-    backend, model_type = cfg.rollout.backend, cfg.actor.model.model_type
-    if backend == "huggingface":
-        return
-    engines = POLICIES.declared(model_type)["rollout"]
-    if backend not in engines:
-        raise ConfigError(f"rollout.backend = {backend!r}: expected {' or '.join(['huggingface', *engines])} with "
-                          f"model_type {model_type}")
-    why = load(engines[backend]).unavailable()
-    if why:
-        raise ConfigError(f"rollout.backend = {backend!r}: not supported here, because {why}")
-
-
-def engine_keys() -> list[str]:
-    """The reference's generation-engine options (``rollout.<key>``): those some model's engine
-    reads (its ``rollout_keys``); the other engines refuse them with their reasons."""
-    engines = [load(target) for name in POLICIES.names() for target in POLICIES.declared(name)["rollout"].values()]
-    return sorted({key for engine in engines for key in engine.rollout_keys})
-
-
-def rollout_unread_keys(cfg: Any) -> dict[str, str]:
-    """The engine keys this config's rollout backend does not read, with why."""
-    backend = cfg.rollout.backend
-    if backend == "huggingface":
-        return dict.fromkeys((f"rollout.{key}" for key in engine_keys()),
-                             "rollout.backend is huggingface (a generation-engine option)")
-    engines = POLICIES.declared(cfg.actor.model.model_type)["rollout"]
-    if backend not in engines:  # no such engine for this model: check_rollout says so
-        return {}
-    critic = {"actor.model.add_value_head": f"rollout.backend {backend} computes no values (PPO's critic reads "
-                                            "the rollout policy's hidden states); use rollout.backend huggingface"}
-    return critic | {f"rollout.{key}": why for key, why in load(engines[backend]).refused_rollout_keys.items()}

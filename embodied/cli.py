@@ -13,9 +13,9 @@ from omegaconf import DictConfig
 
 from core.errors import ConfigError
 from embodied.config import preflight, rlinf
-from embodied.config import build_policy, chunk_steps, compose, rollout_window, to_yaml, training_steps
+from embodied.config import build_policy, compose, to_yaml
 from embodied.placement import PlacementPlan
-from embodied.config.validate import validate
+from embodied.config.validate import chunk_steps, rollout_window, training_steps, validate
 
 DEFAULT_CONFIG = "maniskill_ppo_mlp"
 
@@ -69,7 +69,7 @@ def summary(cfg: DictConfig, plan: PlacementPlan) -> str:
         f"algorithm: {algo.adv_type} advantages, {algo.loss_type} loss (clip {algo.ratio_clip_eps}), "
         f"group_size {algo.group_size}, {algo.update_epochs} update epoch(s)",
         f"actor: lr {actor.optim.lr}, global batch {actor.global_batch_size} in micro-batches of "
-        f"{actor.micro_batch_size} x {plan.world_size('actor')} rank(s)",
+        f"{actor.micro_batch_size} x {plan.ranks['actor']} rank(s)",
     ]
     if cfg.runner.task_type == "embodied":
         for split in ("train", "eval"):

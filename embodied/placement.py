@@ -9,7 +9,7 @@ GPUs the devices are CPU slots. Rank ``i`` of a component runs on its ``i``-th d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["collocated", "disaggregated", "hybrid"]
@@ -32,6 +32,10 @@ class PlacementPlan:
     devices_per_node: int
     components: dict[str, tuple[Device, ...]]
     mode: Mode
+    ranks: dict[str, int] = field(init=False)  # each component's world size
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", {name: len(devs) for name, devs in self.components.items()})
 
     def devices(self, component: str) -> tuple[Device, ...]:
         if component not in self.components:
@@ -40,9 +44,6 @@ class PlacementPlan:
                 f"it places {sorted(self.components)}"
             )
         return self.components[component]
-
-    def world_size(self, component: str) -> int:
-        return len(self.devices(component))
 
     def describe(self) -> str:
         unit = "GPU" if self.accelerator == "gpu" else "CPU slot"

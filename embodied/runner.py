@@ -33,11 +33,10 @@ from core.errors import ConfigError
 from core.shm import sweep_dead_segments
 from embodied import checkpoint, crash_report, demonstrations
 from embodied.algorithms import POLICY_LOSSES
-from embodied.backends import replicas
 from embodied.channel import Channel
 from embodied.channel.keys import queue_bounds
 from embodied.cluster import Cluster
-from embodied.config import chunk_steps, offloaded_parts, rollout_window, training_steps
+from embodied.config.validate import chunk_steps, offloaded_parts, replicas, rollout_window, training_steps
 from embodied.loggers import MetricLogger
 from embodied.placement import PlacementPlan
 from embodied.report import write_eval_report
@@ -78,7 +77,7 @@ class Runner:
         self.train_chunk_steps = chunk_steps(rollout_window(cfg.env.train), chunks)
         self.eval_chunk_steps = chunk_steps(cfg.env.eval.max_episode_steps, chunks)
         if self.actor is not None:  # an evaluation reads nothing of env.train (validate.py checks none of it)
-            rollout_ranks, groups = plan.world_size("rollout"), plan.world_size("actor") // replicas(cfg)
+            rollout_ranks, groups = plan.ranks["rollout"], plan.ranks["actor"] // replicas(cfg)
             pieces = replay_pieces(rollout_ranks, groups, cfg.env.train.total_num_envs // rollout_ranks)
             self.pieces_per_actor = max(sum(1 for p in pieces if p[1] == k) for k in range(groups))
         self.ckpt_root = Path(cfg.runner.logger.log_path) / "checkpoints"
@@ -99,7 +98,7 @@ class Runner:
         """The env, rollout and (to train) actor groups, built at the same time; each rank writes
         a crash report into the run's log folder if it dies of a signal."""
         crashes = str(Path(cfg.runner.logger.log_path) / crash_report.FOLDER)
-        env_ranks, actor_ranks = plan.world_size("env"), plan.world_size("actor")
+        env_ranks, actor_ranks = plan.ranks["env"], plan.ranks["actor"]
         self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env", name=cfg.env.group_name,
                                       args=(cfg, self.channel), crash_dir=crashes, wait=False)
         self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",

@@ -58,7 +58,7 @@ def _user_files(name: str, request) -> list[str]:
 def test_every_shipped_config_composes_and_validates(name, request):
     cfg, plan = cli.load(name, _user_files(name, request))
     assert cfg.runner.experiment_name == name
-    assert plan.world_size("actor") >= 1
+    assert plan.ranks["actor"] >= 1
     # fully resolved: no interpolation is left for a worker to trip over
     assert "${" not in OmegaConf.to_yaml(cfg)
 

@@ -288,7 +288,7 @@ def test_groups_of_identical_prompts_become_one_request_each():
 
 
 def test_every_engine_option_is_read_or_refused_with_a_reason():
-    from embodied.backends import engine_keys
+    from embodied.config.refused import engine_keys
     from policies.engines import sglang, vllm
 
     keys = set(engine_keys())

@@ -50,7 +50,7 @@ def test_several_components_on_one_line_share_devices_collocated():
     plan = plan_placement({"actor,env,rollout": "all"}, 1, 2, "cpu")
     assert plan.mode == "collocated"
     assert plan.devices("env") == plan.devices("actor") == (Device(0, 0), Device(0, 1))
-    assert plan.world_size("rollout") == 2
+    assert plan.ranks["rollout"] == 2
 
 
 def test_mode_is_derived_from_overlaps():

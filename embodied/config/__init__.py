@@ -18,10 +18,6 @@ from embodied.config import schema
 from policies import POLICIES
 from policies.base import Policy
 
-# the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("runner.max_steps", "runner.max_epochs", "env.*.max_steps_per_rollout_epoch", "actor.offload_weight",
-               "actor.offload_optimizer", "actor.offload_grad")
-
 
 def register_resolvers() -> None:
     """Arithmetic resolvers used by the configs (``${subtract:a,b}`` and friends), and
@@ -138,41 +134,6 @@ def cause(err: BaseException) -> str:
         err = err.__cause__ or err.__context__
     text = str(err).split("\n\nConfig search path:")[0]
     return " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
-
-
-def training_steps(runner_cfg: Any) -> int:
-    """Training steps of a run: ``runner.max_steps`` when set (> 0), else ``runner.max_epochs``."""
-    return runner_cfg.max_steps if runner_cfg.max_steps > 0 else runner_cfg.max_epochs
-
-
-def rollout_window(env_cfg: Any) -> int:
-    """Env steps per env in one rollout of this env split: ``max_steps_per_rollout_epoch`` for
-    training when set, else one episode's ``max_episode_steps``."""
-    return env_cfg.get("max_steps_per_rollout_epoch") or env_cfg.max_episode_steps
-
-
-OFFLOAD_PARTS = ("weight", "optimizer", "grad")
-
-
-def offloaded_parts(cfg: DictConfig, role: str) -> tuple[str, ...]:
-    """What ``role`` frees while it idles between phases: for the actor the parts
-    ``actor.offload_weight`` / ``offload_optimizer`` / ``offload_grad`` name (all three with
-    ``enable_offload``); for the env and rollout roles everything (``("all",)``) with
-    ``enable_offload``. Empty: it stays resident."""
-    section = cfg[role]
-    if role != "actor":
-        return ("all",) if section.enable_offload else ()
-    if section.enable_offload:
-        return OFFLOAD_PARTS
-    flags = {"weight": section.offload_weight, "optimizer": section.offload_optimizer, "grad": section.offload_grad}
-    return tuple(part for part in OFFLOAD_PARTS if flags[part])
-
-
-def chunk_steps(max_episode_steps: int, num_action_chunks: int) -> int:
-    """Chunk steps of an episode: enough whole chunks for ``max_episode_steps`` env steps. When
-    the limit is not a multiple of the chunk (LIBERO-Spatial's 220 with chunks of 8), the env
-    truncates the episode inside its last chunk and the rest of that chunk is ignored."""
-    return -(-max_episode_steps // num_action_chunks)
 
 
 def to_yaml(cfg: DictConfig | ListConfig) -> str:

@@ -17,7 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import backends
+from core.registry import load
+from embodied.backends import BACKENDS
 from embodied.config import schema
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
 from envs import ENVS
@@ -132,7 +133,8 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
     model = cfg.actor.model.model_type
     options = OmegaConf.to_container(cfg.actor.model, resolve=True)
     out = POLICIES.unread(model) | POLICIES.get(model).unread_keys(options)
-    out |= backends.unread_keys(cfg)
+    backend = cfg.actor.training_backend
+    out |= BACKENDS.unread(backend) | BACKENDS.get(backend).refused(cfg) | _rollout_unread(cfg)
     types = {split: cfg.env[split].get("env_type") for split in schema.ENV_SPLITS if cfg.env[split]}
     types = {split: name for split, name in types.items() if name in ENVS}
     for split, name in types.items():  # a key of a split's own env: what the others read
@@ -149,6 +151,27 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
     out |= unread
     out |= {key: None for key in read if key not in out}  # read here, though a node above may not be
     return out
+
+
+def engine_keys() -> list[str]:
+    """The reference's generation-engine options (``rollout.<key>``): those some model's engine
+    reads (its ``rollout_keys``); the other engines refuse them with their reasons."""
+    engines = [load(target) for name in POLICIES.names() for target in POLICIES.declared(name)["rollout"].values()]
+    return sorted({key for engine in engines for key in engine.rollout_keys})
+
+
+def _rollout_unread(cfg: DictConfig) -> dict[str, str]:
+    """The engine keys this config's rollout backend does not read, with why."""
+    backend = cfg.rollout.backend
+    if backend == "huggingface":
+        return dict.fromkeys((f"rollout.{key}" for key in engine_keys()),
+                             "rollout.backend is huggingface (a generation-engine option)")
+    engines = POLICIES.declared(cfg.actor.model.model_type)["rollout"]
+    if backend not in engines:  # no such engine for this model: validate says so
+        return {}
+    critic = {"actor.model.add_value_head": f"rollout.backend {backend} computes no values (PPO's critic reads "
+                                            "the rollout policy's hidden states); use rollout.backend huggingface"}
+    return critic | {f"rollout.{key}": why for key, why in load(engines[backend]).refused_rollout_keys.items()}
 
 
 def _choices(cfg: DictConfig) -> tuple[dict[str, str], set[str]]:

@@ -17,8 +17,9 @@ with a rule constrains its key::
 
 A key whose default is null always accepts null. Rules are read from ``base.yaml`` (keys as
 written), ``env/base.yaml`` (``env.<split>.<key>``) and ``model/base.yaml`` + the model's own
-file (``actor.model.<key>``, the model's file winning). ``embodied.config.validate`` checks every rule
-before anything starts (``check`` does for a policy's options alone).
+file (``actor.model.<key>``, the model's file winning). ``check_rules`` checks every rule of a
+config before anything starts (``embodied.config.validate`` calls it), ``check`` those of a
+policy's options alone.
 """
 
 from __future__ import annotations
@@ -185,6 +186,18 @@ def check(values: Mapping[str, Any], prefix: str, model_type: str | None = None)
             continue
         if not leaf.rule.allows(value):
             raise expected(f"{prefix}{key}", value, leaf.rule.expected())
+
+
+def check_rules(cfg: DictConfig) -> None:
+    """Every rule of the keys of the env splits and the model this config has."""
+    for key, leaf in leaves(OmegaConf.select(cfg, "actor.model.model_type")).items():
+        if leaf.rule is None or (key.startswith("actor.model.") and not cfg.actor.model):
+            continue
+        if key.startswith("env.") and not cfg.env[key.split(".")[1]]:
+            continue
+        value = OmegaConf.select(cfg, key)
+        if not leaf.rule.allows(value):
+            raise expected(key, value, leaf.rule.expected())
 
 
 def choices(key: str) -> tuple[Any, ...]:

@@ -1,7 +1,11 @@
-"""Semantic checks of a composed config, run before Ray or any worker starts.
+"""Semantic checks of a composed config, run before Ray or any worker starts, and the run's
+arithmetic they hold (chunk steps, rollout window, offloaded parts, tensor-parallel replicas,
+training steps), which the runner and the workers use as written here.
 
 Each rule raises ``ConfigError`` naming the key, its value and what was expected, so a bad
-config costs seconds instead of a crashed cluster.
+config costs seconds instead of a crashed cluster. The checks of a choice come from its
+registry entry (a training backend's ``check``, an env's ``describe``, a policy's
+``check_config``); the walk from the command line to the plan stays short (tests/test_config_walk.py).
 """
 
 from __future__ import annotations
@@ -13,17 +17,20 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from embodied import backends, checkpoint
-from embodied.config import preflight, schema
+from core.registry import load
+from embodied import checkpoint
 from embodied.algorithms import ADVANTAGES, POLICY_LOSSES
-from embodied.config import chunk_steps, offloaded_parts, rollout_window
-from embodied.placement import PlacementError, PlacementPlan, plan_placement
+from embodied.backends import BACKENDS
+from embodied.config import preflight, schema
 from embodied.config.refused import refuse_unsupported
+from embodied.placement import PlacementError, PlacementPlan, plan_placement
 from envs import ENVS, describe
 from policies import POLICIES
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
-CONFIG_KEYS = ("runner.task_type", "cluster.component_placement")
+CONFIG_KEYS = ("runner.task_type", "cluster.component_placement", "actor.training_backend", "runner.max_steps",
+               "runner.max_epochs", "env.*.max_steps_per_rollout_epoch", "actor.offload_weight",
+               "actor.offload_optimizer", "actor.offload_grad")
 
 LOGGER_BACKENDS = ("tensorboard", "wandb", "swanlab")
 
@@ -34,7 +41,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
     if cfg.data.max_prompt_length >= cfg.runner.seq_length:
         _fail("data.max_prompt_length", cfg.data.max_prompt_length,
               f"fewer tokens than runner.seq_length ({cfg.runner.seq_length}), leaving room to generate")
-    _rules(cfg)  # after the prompt length: a text model's action_dim is what remains of seq_length
+    schema.check_rules(cfg)  # after the prompt length: a text model's action_dim is what remains of seq_length
 
     loggers = list(cfg.runner.logger.logger_backends)
     for logger in loggers:
@@ -73,8 +80,7 @@ def validate(cfg: DictConfig) -> PlacementPlan:
                           "the minibatch's valid tokens: token-mean's")
 
     plan = _placement(cfg)
-    backends.check(cfg, plan.world_size("actor"))
-    backends.check_rollout(cfg)
+    _backends(cfg, plan.ranks["actor"])
     _training_options(cfg, plan.accelerator)
     _overlap(cfg)
     groups, who = _actor_groups(cfg, plan)
@@ -118,6 +124,27 @@ def _demonstrations(cfg: DictConfig) -> None:
     demonstrations.check(cfg)
 
 
+def _backends(cfg: DictConfig, actor_ranks: int) -> None:
+    """The model has a class for ``actor.training_backend`` (the backend's own checks follow:
+    ``TrainingBackend.check``) and an engine for ``rollout.backend`` that can run here."""
+    backend, model_type = cfg.actor.training_backend, cfg.actor.model.model_type
+    trained = ["fsdp", *POLICIES.declared(model_type)["training"]]
+    if backend not in trained:
+        raise ConfigError(f"actor.training_backend = {backend!r}: expected {' or '.join(trained)} with "
+                          f"model_type {model_type}")
+    BACKENDS.get(backend).check(cfg, actor_ranks)
+    engine = cfg.rollout.backend
+    if engine == "huggingface":
+        return
+    engines = POLICIES.declared(model_type)["rollout"]
+    if engine not in engines:
+        raise ConfigError(f"rollout.backend = {engine!r}: expected {' or '.join(['huggingface', *engines])} with "
+                          f"model_type {model_type}")
+    why = load(engines[engine]).unavailable()
+    if why:
+        raise ConfigError(f"rollout.backend = {engine!r}: not supported here, because {why}")
+
+
 def _overlap(cfg: DictConfig) -> None:
     """``algorithm.staleness_threshold`` > 0 overlaps rollouts with updates: it needs a training
     run whose roles stay resident, and a decoupled loss needs the rollout's own log-probs."""
@@ -138,10 +165,10 @@ def _overlap(cfg: DictConfig) -> None:
 def _actor_groups(cfg: DictConfig, plan: PlacementPlan) -> tuple[int, str]:
     """How many shares a step's samples split into on the actor (data-parallel ranks), and
     those words for messages."""
-    ranks, replicas = plan.world_size("actor"), backends.replicas(cfg)
-    if replicas == 1:
+    ranks, tp = plan.ranks["actor"], replicas(cfg)
+    if tp == 1:
         return ranks, f"{ranks} actor rank(s)"
-    return ranks // replicas, f"{ranks // replicas} data-parallel group(s) of {replicas} tensor-parallel actor ranks"
+    return ranks // tp, f"{ranks // tp} data-parallel group(s) of {tp} tensor-parallel actor ranks"
 
 
 def _pass_k(cfg: DictConfig) -> None:
@@ -167,7 +194,7 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
     """What every task shares (robots and text): env splits, groups and batch arithmetic; an
     evaluation (``runner.only_eval``) runs no training env, so env.train is not checked."""
     chunks = cfg.actor.model.num_action_chunks
-    env_ranks = plan.world_size("env")
+    env_ranks = plan.ranks["env"]
     stages = cfg.rollout.pipeline_stage_num
     task = cfg.runner.task_type
     policy = POLICIES.get(cfg.actor.model.model_type)
@@ -199,7 +226,7 @@ def _validate_envs(cfg: DictConfig, plan: PlacementPlan) -> None:
         _fail("actor.model.model_type", cfg.actor.model.model_type,
               f"{' or '.join(n for n in POLICIES.names() if task in POLICIES.declared(n)['task_types'])} "
               f"with runner.task_type={task}")
-    rollout_ranks = plan.world_size("rollout")
+    rollout_ranks = plan.ranks["rollout"]
     if env_ranks % rollout_ranks:
         _fail("cluster.component_placement", OmegaConf.to_container(cfg.cluster.component_placement),
               f"env ranks ({env_ranks}) a multiple of rollout ranks ({rollout_ranks}): each rollout "
@@ -363,19 +390,47 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
         raise ConfigError(str(err)) from None
 
 
-def _rules(cfg: DictConfig) -> None:
-    """The allowed values declared next to each default in config/ (``embodied.config.schema``), for
-    the keys of the splits and model this config has."""
-    model_type = OmegaConf.select(cfg, "actor.model.model_type")
-    for key, leaf in schema.leaves(model_type).items():
-        if leaf.rule is None or (key.startswith("actor.model.") and not cfg.actor.model):
-            continue
-        if key.startswith("env.") and not cfg.env[key.split(".")[1]]:
-            continue
-        value = OmegaConf.select(cfg, key)
-        if not leaf.rule.allows(value):
-            _fail(key, value, leaf.rule.expected())
-
-
 def _fail(key: str, value: Any, expected: str) -> None:
     raise ConfigError(f"{key} = {value!r}: expected {expected}")
+
+
+# The run's arithmetic: what the checks above hold, as the runner and the workers compute it.
+
+def replicas(cfg: Any) -> int:
+    """Actor ranks that train on the same samples (a tensor-parallel group), 1 with FSDP."""
+    return cfg.actor.model.tensor_model_parallel_size if cfg.actor.training_backend == "megatron" else 1
+
+
+def training_steps(runner_cfg: Any) -> int:
+    """Training steps of a run: ``runner.max_steps`` when set (> 0), else ``runner.max_epochs``."""
+    return runner_cfg.max_steps if runner_cfg.max_steps > 0 else runner_cfg.max_epochs
+
+
+def rollout_window(env_cfg: Any) -> int:
+    """Env steps per env in one rollout of this env split: ``max_steps_per_rollout_epoch`` for
+    training when set, else one episode's ``max_episode_steps``."""
+    return env_cfg.get("max_steps_per_rollout_epoch") or env_cfg.max_episode_steps
+
+
+OFFLOAD_PARTS = ("weight", "optimizer", "grad")
+
+
+def offloaded_parts(cfg: DictConfig, role: str) -> tuple[str, ...]:
+    """What ``role`` frees while it idles between phases: for the actor the parts
+    ``actor.offload_weight`` / ``offload_optimizer`` / ``offload_grad`` name (all three with
+    ``enable_offload``); for the env and rollout roles everything (``("all",)``) with
+    ``enable_offload``. Empty: it stays resident."""
+    section = cfg[role]
+    if role != "actor":
+        return ("all",) if section.enable_offload else ()
+    if section.enable_offload:
+        return OFFLOAD_PARTS
+    flags = {"weight": section.offload_weight, "optimizer": section.offload_optimizer, "grad": section.offload_grad}
+    return tuple(part for part in OFFLOAD_PARTS if flags[part])
+
+
+def chunk_steps(max_episode_steps: int, num_action_chunks: int) -> int:
+    """Chunk steps of an episode: enough whole chunks for ``max_episode_steps`` env steps. When
+    the limit is not a multiple of the chunk (LIBERO-Spatial's 220 with chunks of 8), the env
+    truncates the episode inside its last chunk and the rest of that chunk is ignored."""
+    return -(-max_episode_steps // num_action_chunks)

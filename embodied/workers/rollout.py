@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from embodied.backends import build_rollout_policy, replicas
+from embodied.backends import build_rollout_policy
+from embodied.config.validate import replicas
 from embodied.batch import Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key, replay_key

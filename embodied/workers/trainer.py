@@ -20,7 +20,7 @@ from embodied.algorithms import POLICY_LOSSES
 from embodied.backends import BACKENDS
 from embodied.batch import DemoSamples, Samples
 from embodied.channel import Channel
-from embodied.config import offloaded_parts, training_steps
+from embodied.config.validate import offloaded_parts, training_steps
 from embodied.lr_schedule import learning_rate
 from embodied.training_options import autocast, build_optimizer
 from embodied.worker import Worker
