@@ -213,6 +213,22 @@ def test_grpo_needs_groups_of_fixed_shared_reset_states_and_trains_no_critic(ove
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.adv_type=reinpp_baseline", "algorithm.group_size=1"],
+     "algorithm.group_size = 1: expected at least 2 with algorithm.adv_type=reinpp_baseline"),
+    (["algorithm.adv_type=reinpp", "algorithm.gamma=0.9"],
+     "algorithm.gamma: not supported here, because algorithm.adv_type reinpp does not read it (gae does"),
+    (["algorithm.adv_type=reinpp_baseline", "algorithm.norm_adv_by_std_in_grpo=false"],
+     "algorithm.norm_adv_by_std_in_grpo: not supported here, because algorithm.adv_type reinpp_baseline does not "
+     "read it (grpo does"),
+])
+def test_reinforce_plus_plus_reads_no_discount_and_its_baseline_needs_groups(overrides, message, capsys):
+    code = cli._main(["--config-name", "maniskill_grpo_mlp", *overrides], "embodied-train")
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert cli._main(["--config-name", "maniskill_grpo_mlp", "--dry-run", overrides[0]], "embodied-train") == 0
+
+
 def _placement_config(tmp_path: Path, lines: str) -> str:
     (tmp_path / "exp.yaml").write_text(
         "defaults:\n  - base\n  - env/maniskill_push_cube@env.train\n"

@@ -1,14 +1,15 @@
 """The math reference's algorithm options, cross-checked on random inputs against an independent
 transcription of veRL's published definitions (``verl/trainer/ppo/core_algos.py``: agg_loss,
-compute_policy_loss with clip-higher and dual clip, compute_grpo_outcome_advantage, kl_penalty),
-plus hand-computed values."""
+compute_policy_loss with clip-higher and dual clip, compute_grpo_outcome_advantage, kl_penalty)
+and of RLinf's REINFORCE++ (``rlinf/algorithms/advantages.py``: compute_reinpp_advantages, the
+estimator behind the ``adv_type: reinpp`` of RLinf's configs), plus hand-computed values."""
 
 from collections import defaultdict
 
 import pytest
 import torch
 
-from embodied.algorithms.advantages import grpo_advantages
+from embodied.algorithms.advantages import ADVANTAGES, StepSignals, grpo_advantages
 from embodied.algorithms.kl import kl_penalty
 from embodied.algorithms.losses import actor_critic_loss, aggregate_loss, ppo_policy_loss
 from embodied.algorithms.trajectory import normalize
@@ -63,6 +64,35 @@ def verl_kl(logprob, ref, kind):
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
+def rlinf_reinpp(rewards, loss_mask, group_size, baseline, kl_beta=0.0, kl=None):
+    """Rewards ``[B]`` at each response's last valid token, KL per token ``[L, B]``; the return is
+    the sum from a token to the end, whitened over all valid tokens (population variance)."""
+    if baseline:
+        grouped = rewards.view(-1, group_size)
+        rewards = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+    length = loss_mask.shape[0]
+    last = length - 1 - loss_mask.long().flip(0).argmax(dim=0)
+    r = torch.zeros(loss_mask.shape)
+    r[last, torch.arange(rewards.shape[0])] = rewards
+    if kl_beta:
+        r = r - kl_beta * kl
+    returns = r.flip(0).cumsum(0).flip(0)
+    mean = (returns * loss_mask).sum() / loss_mask.sum()
+    var = (((returns - mean) ** 2) * loss_mask).sum() / loss_mask.sum()
+    return returns, (returns - mean) * var.clamp(min=1e-8).rsqrt()
+
+
+def _ours_reinpp(rewards, adv_type, group_size):
+    """Our estimator and the batch whitening on single-step episodes (one response each)."""
+    done = torch.ones(1, rewards.shape[0], dtype=torch.bool)
+    estimate = ADVANTAGES.get(adv_type)(StepSignals(rewards[None], done, torch.zeros_like(done)),
+                                        {"group_size": group_size})
+    batch = Samples(forward_inputs={}, actions=torch.zeros(rewards.shape[0], 1, 1), old_logprobs=torch.zeros(rewards.shape[0]),
+                    advantages=estimate.advantages[0].clone(), mask=estimate.mask[0],
+                    token_mask=torch.ones(rewards.shape[0], 1, 1, dtype=torch.bool))
+    return estimate.advantages[0], normalize(batch, {"normalize_advantages": True, "adv_type": adv_type}, None).advantages
+
+
 def _batch(seed, b=6, t=7):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(b, t, generator=g) * 3
@@ -102,7 +132,43 @@ def test_kl_estimators_match_verl(kind):
     torch.testing.assert_close(kl_penalty(logprob, ref, kind), verl_kl(logprob, ref, kind))
 
 
+@pytest.mark.parametrize("adv_type", ["reinpp", "reinpp_baseline"])
+@pytest.mark.parametrize("seed", range(5))
+def test_reinpp_advantages_match_rlinf(adv_type, seed):
+    """Responses of one length (all tokens valid): every token's advantage is RLinf's. (With
+    lengths that differ, RLinf's whitening weighs a response by its tokens, ours every response
+    alike, as our GAE whitening weighs samples.)"""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 2, (32,), generator=g).float() + torch.rand(32, generator=g) * 0.1
+    _, ours = _ours_reinpp(rewards, adv_type, 8)
+    _, theirs = rlinf_reinpp(rewards, torch.ones(5, 32), 8, adv_type == "reinpp_baseline")
+    torch.testing.assert_close(ours.expand(5, 32), theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_reinpp_kl_in_the_reward_is_rlinfs_return_at_the_first_token():
+    """With ``use_kl_in_reward`` the step's reward carries the KL of all its tokens: the return of
+    a response is RLinf's at its first token (RLinf's later tokens carry only the KL after them)."""
+    g = torch.Generator().manual_seed(0)
+    rewards, kl = torch.rand(8, generator=g), torch.rand(6, 8, generator=g) * 0.2
+    returns, _ = _ours_reinpp(rewards - 0.01 * kl.sum(dim=0), "reinpp", 1)
+    theirs, _ = rlinf_reinpp(rewards, torch.ones(6, 8), 1, False, kl_beta=0.01, kl=kl)
+    torch.testing.assert_close(returns, theirs[0])
+
+
 # ---------------------------------------------------------------------------- by hand
+def test_reinpp_returns_to_go_of_each_first_episode_by_hand():
+    # env 0: rewards 1, 0, 2 and no end: returns 3, 2, 2; env 1 ends at step 1 (rewards 0, 1, then
+    # 5 of a next episode): returns 1, 1, masked; group of both: scores 3 and 1, mean 2
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 5.0]])
+    done = torch.tensor([[False, False], [False, True], [False, False]])
+    steps = StepSignals(rewards, done, torch.zeros_like(done))
+    plain = ADVANTAGES.get("reinpp")(steps, {"group_size": 2})
+    assert plain.advantages.tolist() == [[3.0, 1.0], [2.0, 1.0], [2.0, 0.0]]
+    assert plain.mask.tolist() == [[True, True], [True, True], [True, False]]
+    baseline = ADVANTAGES.get("reinpp_baseline")(steps, {"group_size": 2})
+    assert baseline.advantages.tolist() == [[1.0, -1.0], [0.0, -1.0], [0.0, 0.0]]
+    assert ADVANTAGES.declared("reinpp")["normalize"] and ADVANTAGES.declared("reinpp_baseline")["needs_groups"]
+
 def test_dr_grpo_advantages_and_sum_norm_by_hand():
     # group [1, -1, -1, -1]: mean -0.5, so Dr. GRPO gives 1.5 / -0.5 (no std division)
     assert grpo_advantages(torch.tensor([1.0, -1, -1, -1]), 4, normalize_std=False).tolist() == [1.5, -0.5, -0.5, -0.5]

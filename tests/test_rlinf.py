@@ -1052,6 +1052,32 @@ def test_math_grpo_dry_runs_with_reasoning_batch_sizes(style, tiny_math, tmp_pat
     assert cfg.data.apply_chat_template is False and cfg.env.train.init_params.apply_chat_template is False
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("baseline", [False, True])
+def test_rlinf_reinforce_plus_plus_carries_over_with_its_kl_in_the_rewards(baseline, tiny_math, tmp_path, capsys):
+    """RLinf's REINFORCE++ file (as qwen2.5-1.5b-reinpp-megatron has it: no reward worker placed,
+    reinpp_kl_beta with kl_penalty_type k2, the loss's kl_beta 0); a kl_beta in the loss beside
+    it is one message naming both keys. A kl_beta of another estimator stays in the loss."""
+    folder = _math(tmp_path, "current", tiny_math)
+    path = folder / "qwen2.5-grpo-fsdp.yaml"
+    text = path.read_text().replace("    actor,rollout,reward: all", "    actor,rollout: all").replace(
+        "  adv_type: grpo\n", f"  adv_type: reinpp\n  use_reinpp_baseline: {baseline}\n  reinpp_kl_beta: 0.001\n").replace(
+        "kl_penalty_type: k3", "kl_penalty_type: k2")
+    path.write_text(text)
+    code, out, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run")
+    assert code == 0, err
+    algo = rlinf.compose("qwen2.5-grpo-fsdp", (), folder).algorithm
+    assert algo.adv_type == ("reinpp_baseline" if baseline else "reinpp")
+    assert (algo.kl_beta, algo.use_kl_in_reward, algo.kl_penalty) == (0.001, True, "mse")
+    assert set(rlinf.compose("qwen2.5-grpo-fsdp", (), folder).cluster.component_placement) == {"actor,rollout,env"}
+    path.write_text(text.replace("  kl_beta: 0.0\n", "  kl_beta: 0.01\n"))
+    code, _, err = _run(capsys, folder, "qwen2.5-grpo-fsdp", "--dry-run")
+    assert code == 2 and "algorithm.kl_beta = 0.01: a KL in the loss beside REINFORCE++'s KL in the rewards" in err
+    path.write_text(text.replace("  kl_beta: 0.0\n", "  kl_beta: 0.01\n").replace("adv_type: reinpp", "adv_type: grpo"))
+    algo = rlinf.compose("qwen2.5-grpo-fsdp", (), folder).algorithm
+    assert (algo.adv_type, algo.kl_beta, algo.use_kl_in_reward) == ("grpo", 0.01, False)
+
+
 # ------------------------------------------------------------------ the table
 def test_every_renamed_key_lands_on_a_key_of_our_schema():
     ours = set(leaves())

@@ -1,4 +1,4 @@
-"""RL math as small pure torch functions: advantage estimators (``ADVANTAGES``: GAE, GRPO), policy
+"""RL math as small pure torch functions: advantage estimators (``ADVANTAGES``: GAE, GRPO, REINFORCE++), policy
 losses (``POLICY_LOSSES``: PPO, and SFT's imitation loss) and the value loss, KL estimators, and how chunked env signals
 line up with log-probs (``levels``). Nothing here imports a policy or the config schema."""
 

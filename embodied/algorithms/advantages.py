@@ -86,6 +86,27 @@ def grpo(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
     return Estimate(advantages.expand_as(steps.rewards) * mask, mask)
 
 
+@ADVANTAGES.register("reinpp", normalize=True, reads={"algorithm.normalize_advantages": "whitening over the batch"})
+def reinpp(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
+    """REINFORCE++ (Hu et al., 2025): each step's undiscounted return-to-go in its env's first
+    episode, no critic and no group; ``normalize`` whitens them over the global batch, which is
+    the method's only baseline. A KL to the reference (``kl_beta`` with ``use_kl_in_reward``) is
+    already in the rewards, so it enters the return of every step before it."""
+    mask = first_episode_mask(steps.terminations | steps.truncations)
+    return Estimate(returns_to_go(steps.rewards * mask) * mask, mask)
+
+
+@ADVANTAGES.register("reinpp_baseline", needs_groups=True, normalize=True,
+                     reads={"algorithm.normalize_advantages": "whitening over the batch"})
+def reinpp_baseline(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
+    """REINFORCE++-baseline: REINFORCE++ with the mean score of the env's group (its shared reset
+    state or prompt) subtracted from every step's return first, then whitened over the batch."""
+    dones = steps.terminations | steps.truncations
+    mask = first_episode_mask(dones)
+    scores = episode_returns(steps.rewards, dones)
+    return Estimate((returns_to_go(steps.rewards * mask) - group_means(scores, algo["group_size"])) * mask, mask)
+
+
 def compute_gae(
     rewards: Tensor,
     values: Tensor,
@@ -140,6 +161,18 @@ def first_episode_mask(dones: Tensor) -> Tensor:
 def episode_returns(rewards: Tensor, dones: Tensor) -> Tensor:
     """``[B]``: undiscounted return of each env's first episode (its score for GRPO)."""
     return (rewards * first_episode_mask(dones)).sum(dim=0)
+
+
+def returns_to_go(rewards: Tensor) -> Tensor:
+    """``[T, B]``: the undiscounted sum of each step's reward and all after it."""
+    return rewards.flip(0).cumsum(0).flip(0)
+
+
+def group_means(scores: Tensor, group_size: int) -> Tensor:
+    """``[B]``: the mean score of each env's group (envs ``[g * group_size, (g + 1) * group_size)``)."""
+    if scores.shape[0] % group_size:
+        raise ValueError(f"number of envs {scores.shape[0]} is not a multiple of group_size {group_size}")
+    return scores.reshape(-1, group_size).mean(dim=1).repeat_interleave(group_size)
 
 
 def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True) -> Tensor:

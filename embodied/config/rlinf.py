@@ -44,6 +44,7 @@ ENV_TYPES = ("maniskill", "libero")
 PRECISIONS = {"bf16-mixed": "bf16", 16: "fp16", "16": "fp16", "16-mixed": "fp16", 32: "fp32", "32": "fp32",
               "32-true": "fp32"}
 SPLITS = ("train", "eval")
+KL_SPELLINGS = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # RLinf's names of the KL estimators
 LIBERO_INIT_STATES = 50  # init states of each task of LIBERO's suites
 NATIVE_NAME = "native"  # the translated experiment's file name in its temporary folder
 
@@ -340,7 +341,9 @@ def _grpo_groups(value: Any, their: Their, rest: str) -> dict[str, Any]:
 
 
 def _placement(value: Any, their: Their, rest: str) -> dict[str, Any]:
-    """Component names: RLinf's math reward worker is our text env worker (it scores answers)."""
+    """Component names: RLinf's math reward worker is our text env worker (it scores answers);
+    a math config that places no reward worker scores where it generates, so the env worker
+    goes with the rollout."""
     names = []
     for name in (n.strip() for n in rest.split(",")):
         if name == "reward" and their.reasoning:
@@ -349,6 +352,9 @@ def _placement(value: Any, their: Their, rest: str) -> dict[str, Any]:
             raise Untranslatable(f"no {name!r} component here (components: actor, env, rollout; "
                                  "rewards come from the env workers)")
         names.append(name)
+    lines = [k.split(".")[2] for k in their.leaves if k.startswith("cluster.component_placement.")]
+    if their.reasoning and "rollout" in names and not any("reward" in line.split(",") for line in lines):
+        names.append("env")
     return {f"cluster.component_placement.{','.join(names)}": value}
 
 
@@ -388,6 +394,38 @@ def _eval_once(value: Any, their: Their) -> bool:
     return value in (None, 1)
 
 
+
+def _reinpp_kl(their: Their) -> bool:
+    return their.get("algorithm.adv_type") == "reinpp" and bool(their.get("algorithm.reinpp_kl_beta"))
+
+
+def _kl_beta(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """RLinf's kl_beta weighs a KL term of the loss; REINFORCE++'s own KL (reinpp_kl_beta) goes
+    into the rewards, and only one KL weight exists here."""
+    if _reinpp_kl(their):
+        if value:
+            raise Untranslatable("a KL in the loss beside REINFORCE++'s KL in the rewards (reinpp_kl_beta); "
+                                 "one KL weight here (algorithm.kl_beta, in the rewards or the loss)")
+        return {}
+    return {"algorithm.kl_beta": value, "algorithm.use_kl_in_reward": False} if value else {"algorithm.kl_beta": value}
+
+
+def _reinpp_kl_beta(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """REINFORCE++'s KL, subtracted from the rewards with RLinf's kl_penalty_type as the estimator."""
+    if not _reinpp_kl(their):
+        return {}  # RLinf reads it only with adv_type reinpp
+    kind = their.get("algorithm.kl_penalty_type", "kl")
+    return {"algorithm.kl_beta": value, "algorithm.use_kl_in_reward": True,
+            "algorithm.kl_penalty": KL_SPELLINGS.get(kind, kind)}
+
+
+def _adv_type(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """RLinf's REINFORCE++ with its baseline flag is this framework's reinpp_baseline."""
+    if value == "reinpp" and their.get("algorithm.use_reinpp_baseline"):
+        return {"algorithm.adv_type": "reinpp_baseline"}
+    return {"algorithm.adv_type": value}
+
+
 CRITIC_WARMUP = ("RLinf's warm-up counts optimizer steps (minibatches) and rebuilds the optimizer after it; "
                  "here algorithm.critic_warmup counts training steps and keeps the optimizer: set it instead")
 EVAL_WINDOW = "an evaluation here runs whole episodes of max_episode_steps; set it to max_episode_steps"
@@ -423,8 +461,15 @@ RLINF_KEYS: dict[str, Rule] = {
     # algorithm
     "algorithm.loss_type": Rename("algorithm.loss_type", {"actor": "ppo", "actor_critic": "ppo"}),
     "algorithm.bootstrap_type": Rename("algorithm.bootstrap_at_done", {"standard": "truncated", "always": "always"}),
-    "algorithm.kl_penalty": Rename("algorithm.kl_penalty", {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}),
-    "algorithm.kl_penalty_type": Rename("algorithm.kl_penalty_type", {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}),
+    "algorithm.kl_penalty": Rename("algorithm.kl_penalty", KL_SPELLINGS),
+    "algorithm.kl_penalty_type": Rename("algorithm.kl_penalty_type", KL_SPELLINGS),
+    "algorithm.kl_beta": Convert("algorithm.kl_beta", "in the loss (use_kl_in_reward false), as RLinf's actor "
+                                 "adds it", _kl_beta),
+    "algorithm.adv_type": Convert("algorithm.adv_type", "reinpp with use_reinpp_baseline -> reinpp_baseline",
+                                  _adv_type),
+    "algorithm.use_reinpp_baseline": Implied(_always, "read with adv_type reinpp, which it makes reinpp_baseline"),
+    "algorithm.reinpp_kl_beta": Convert("algorithm.kl_beta", "with adv_type reinpp: kl_beta in the rewards "
+                                        "(use_kl_in_reward), kl_penalty from kl_penalty_type", _reinpp_kl_beta),
     "algorithm.update_epoch": Rename("algorithm.update_epochs"),
     "algorithm.recompute_logprobs": Rename("rollout.recompute_logprobs"),
     "algorithm.sampling_params.temperature_train": Rename("algorithm.sampling_params.temperature"),
