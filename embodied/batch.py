@@ -81,6 +81,7 @@ class Samples(TensorBatch):
     old_values: Tensor | None = None  # the rollout's values, with a critic
     ref_logprobs: Tensor | None = None  # the KL reference's, when the KL is a loss term
     proximal_logprobs: Tensor | None = None  # the policy's at the start of the update (decoupled PPO)
+    is_weights: Tensor | None = None  # at logprob_type: truncated pi_old / pi_rollout (importance_sampling_fix)
 
 
 @dataclass

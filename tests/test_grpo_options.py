@@ -4,6 +4,7 @@ compute_policy_loss with clip-higher and dual clip, compute_grpo_outcome_advanta
 and of RLinf's REINFORCE++ (``rlinf/algorithms/advantages.py``: compute_reinpp_advantages, the
 estimator behind the ``adv_type: reinpp`` of RLinf's configs), plus hand-computed values."""
 
+import math
 from collections import defaultdict
 
 import pytest
@@ -11,8 +12,9 @@ import torch
 
 from embodied.algorithms.advantages import ADVANTAGES, StepSignals, grpo_advantages
 from embodied.algorithms.kl import kl_penalty
+from embodied.algorithms.levels import expand_like
 from embodied.algorithms.losses import actor_critic_loss, aggregate_loss, ppo_policy_loss
-from embodied.algorithms.trajectory import normalize
+from embodied.algorithms.trajectory import normalize, truncated_is_weights
 from embodied.batch import Samples
 
 # ------------------------------------------------ veRL's definitions, transcribed for reference
@@ -153,6 +155,32 @@ def test_reinpp_kl_in_the_reward_is_rlinfs_return_at_the_first_token():
     returns, _ = _ours_reinpp(rewards - 0.01 * kl.sum(dim=0), "reinpp", 1)
     theirs, _ = rlinf_reinpp(rewards, torch.ones(6, 8), 1, False, kl_beta=0.01, kl=kl)
     torch.testing.assert_close(returns, theirs[0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_truncated_is_weights_scale_each_tokens_advantage_as_rlinf_does(seed):
+    """RLinf's importance_sampling_fix: advantages times clamp(exp(recomputed - rollout), max=clip),
+    then veRL's clipped surrogate; ours through the actor's loss on the same tokens."""
+    old, new, adv, mask = _batch(seed)
+    rollout = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(seed + 100)) * 0.3
+    weights = truncated_is_weights(old[None, :, None], rollout[None, :, None], "token_level", 1.2)
+    assert weights.shape == (6, 1, 7) and weights.max() <= 1.2
+    ours, _ = ppo_policy_loss(new[:, None], old[:, None], expand_like(adv[:, 0], weights) * weights,
+                              mask[:, None].bool(), clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
+                              loss_agg_func="token-mean")
+    theirs = verl_policy_loss(old, new, adv * torch.clamp((old - rollout).exp(), max=1.2), mask, 0.2, 0.28, 3.0,
+                              "token-mean")
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_truncated_is_weights_by_hand_at_each_level():
+    # one sample, one chunk of 2 actions x 2 tokens; log pi_old - log pi_rollout per token:
+    diff = torch.tensor([[[[0.1, -0.3], [0.5, 0.4]]]])
+    rollout = torch.zeros_like(diff)
+    at = {level: truncated_is_weights(diff, rollout, level, 2.0) for level in ("token_level", "action_level", "chunk_level")}
+    torch.testing.assert_close(at["token_level"], diff.exp().clamp(max=2.0).flatten(0, 1))
+    torch.testing.assert_close(at["action_level"], torch.tensor([[math.exp(-0.2), 2.0]]))  # e^0.9 > 2: cut
+    torch.testing.assert_close(at["chunk_level"], torch.tensor([2.0]))  # e^0.7 > 2
 
 
 # ---------------------------------------------------------------------------- by hand

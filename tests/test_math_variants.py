@@ -2,7 +2,7 @@
 env / rollout / actor workers and channels: LoRA with a KL to the adapters-off reference trains and
 checkpoints its peft adapter, which embodied-eval and resume read; pass@k comes per file from
 validation and embodied-eval; PPO trains a value head on the causal LM; REINFORCE++ with its KL in
-the rewards updates the policy; a vLLM weight sync that
+the rewards and truncated importance-sampling weights updates the policy; a vLLM weight sync that
 misses the adapters stops the run. (A module of its own so that the suite's processes run it
 beside the long learning module, not after it.)"""
 
@@ -67,18 +67,23 @@ def test_lora_with_kl_trains_and_its_adapter_checkpoint_evaluates_and_resumes(ti
     assert checkpoint.latest(tmp_path / "lora" / "checkpoints").name == "global_step_3"
 
 
-def test_reinforce_plus_plus_baseline_with_its_kl_in_the_rewards_trains(tiny_math, tmp_path):
+def test_reinforce_plus_plus_baseline_with_its_kl_in_the_rewards_and_truncated_is_weights_trains(tiny_math, tmp_path):
     """``algorithm.adv_type: reinpp_baseline`` with ``kl_beta`` in the rewards (the KL reference a
-    frozen copy of the first weights): every step updates the policy with finite losses. Its
-    learning beside GRPO's is measured in benchmarks/README.md."""
+    frozen copy of the first weights) and ``importance_sampling_fix``: every step updates the
+    policy with finite losses, and every weight is truncated at a clip below 1 (the actor's
+    recomputed log-probs are the rollout's here, so each weight is 1 before the clip).
+    REINFORCE++'s learning beside GRPO's is measured in benchmarks/README.md."""
     from tests.test_pipeline import scalars
 
     args = _math(tiny_math, tmp_path, "reinpp", *ONE_RANK_EACH, "runner.max_epochs=3", "runner.val_check_interval=-1",
-                 "runner.val_before_train=false", "algorithm.adv_type=reinpp_baseline", "algorithm.kl_beta=0.01")
+                 "runner.val_before_train=false", "algorithm.adv_type=reinpp_baseline", "algorithm.kl_beta=0.01",
+                 "algorithm.importance_sampling_fix=true", "algorithm.importance_sampling_clip=0.5")
     _embodied("train", args)
-    loss, norm = (scalars(tmp_path / "reinpp", f"actor/{k}") for k in ("policy_loss", "grad_norm"))
+    loss, norm, weight, cut = (scalars(tmp_path / "reinpp", f"actor/{k}")
+                               for k in ("policy_loss", "grad_norm", "is_weight", "is_truncated_fraction"))
     assert sorted(loss) == [1, 2, 3] and all(math.isfinite(v) for v in loss.values())
     assert all(0 < v < math.inf for v in norm.values()), norm
+    assert set(weight.values()) == {0.5} and set(cut.values()) == {1.0}
 
 
 def test_pass_at_k_per_file_from_periodic_validation(tiny_math, tmp_path):

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from embodied.algorithms.advantages import ADVANTAGES, StepSignals, normalize_advantages
 from embodied.algorithms.kl import kl_penalty
+from embodied.algorithms.losses import valid_mask
 from embodied.algorithms.levels import (
     check_levels,
     chunks_to_steps,
@@ -87,6 +88,25 @@ def training_samples(traj: Trajectory, algo: Mapping[str, Any], ref_logprobs: Te
         if samples.returns is not None:
             samples.old_values = values
     return samples
+
+
+def truncated_is_weights(logprobs: Tensor, rollout_logprobs: Tensor, level: str, clip: float) -> Tensor:
+    """``algorithm.importance_sampling_fix``: ``min(pi_old / pi_rollout, clip)`` per sample at the
+    log-prob ``level`` (``[N]``, ``[N, C]`` or ``[N, C, A]``), from per-token ``[T, B, C, A]``
+    log-probs of the actor (recomputed) and of the rollout engine that sampled. The policy loss's
+    advantages are multiplied by it: the tokens the engine over-sampled relative to the actor's
+    own distribution weigh less (truncated importance sampling; RLinf's importance_sampling_fix)."""
+    return reduce_logprobs((logprobs - rollout_logprobs).flatten(0, 1), level).exp().clamp(max=clip)
+
+
+def is_weight_metrics(samples: Samples, clip: float) -> dict[str, float]:
+    """The mean truncated weight over the valid entries, and the fraction the truncation cut."""
+    weights = samples.is_weights
+    valid = valid_mask(samples.mask, samples.token_mask, weights)
+    valid = torch.ones_like(weights, dtype=torch.bool) if valid is None else valid
+    count = valid.sum().clamp(min=1)
+    return {"actor/is_weight": float((weights * valid).sum() / count),
+            "actor/is_truncated_fraction": float(((weights >= clip) & valid).sum() / count)}
 
 
 def normalize(samples: Samples, algo: Mapping[str, Any], all_reduce: Callable[[Tensor], Any] | None) -> Samples:

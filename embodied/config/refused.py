@@ -147,6 +147,8 @@ def not_read_here(cfg: DictConfig) -> dict[str, str | None]:
             if not key.startswith("env.*.") and key not in used:
                 readers = " or ".join(n for n in ENVS.names() if key in ENVS.reads(n))
                 out[key] = f"only {readers} envs (env_type {readers}) read {what}"
+    if not cfg.algorithm.importance_sampling_fix:
+        out["algorithm.importance_sampling_clip"] = "algorithm.importance_sampling_fix is false (it truncates that weight)"
     unread, read = _choices(cfg)
     out |= unread
     out |= {key: None for key in read if key not in out}  # read here, though a node above may not be

@@ -419,6 +419,10 @@ def _reinpp_kl_beta(value: Any, their: Their, rest: str) -> dict[str, Any]:
             "algorithm.kl_penalty": KL_SPELLINGS.get(kind, kind)}
 
 
+def _is_fix(their: Their) -> bool:
+    return bool(their.get("algorithm.importance_sampling_fix"))
+
+
 def _adv_type(value: Any, their: Their, rest: str) -> dict[str, Any]:
     """RLinf's REINFORCE++ with its baseline flag is this framework's reinpp_baseline."""
     if value == "reinpp" and their.get("algorithm.use_reinpp_baseline"):
@@ -471,7 +475,9 @@ RLINF_KEYS: dict[str, Rule] = {
     "algorithm.reinpp_kl_beta": Convert("algorithm.kl_beta", "with adv_type reinpp: kl_beta in the rewards "
                                         "(use_kl_in_reward), kl_penalty from kl_penalty_type", _reinpp_kl_beta),
     "algorithm.update_epoch": Rename("algorithm.update_epochs"),
-    "algorithm.recompute_logprobs": Rename("rollout.recompute_logprobs"),
+    "algorithm.recompute_logprobs": Convert("rollout.recompute_logprobs", "true also with importance_sampling_fix, "
+                                            "as RLinf sets it", lambda v, their, rest: {
+                                                "rollout.recompute_logprobs": bool(v or _is_fix(their))}),
     "algorithm.sampling_params.temperature_train": Rename("algorithm.sampling_params.temperature"),
     "algorithm.sampling_params.temperature_eval": Convert("algorithm.sampling_params.temperature_eval",
                                                           "<= 0 or null -> 0 (greedy)", _temperature_eval),
@@ -488,8 +494,13 @@ RLINF_KEYS: dict[str, Rule] = {
                                              "they all succeed or all fail, not by bounds on the mean reward"),
     "algorithm.max_num_gen_batches": Implied(_equals(1), "generating more batches until enough groups pass "
                                              "filter_rewards is not implemented"),
-    "algorithm.importance_sampling_fix": Implied(_equals(False), "an importance-sampling correction between "
-                                                 "rollout and actor log-probs is not implemented"),
+    "algorithm.importance_sampling_fix": Convert("algorithm.importance_sampling_fix", "same, with "
+                                                 "rollout.recompute_logprobs true, as RLinf sets it",
+                                                 lambda v, their, rest: {their.key: bool(v)} | (
+                                                     {"rollout.recompute_logprobs": True} if v else {})),
+    "algorithm.importance_sampling_clip": Convert("algorithm.importance_sampling_clip", "dropped without "
+                                                  "importance_sampling_fix (unused then)",
+                                                  lambda v, their, rest: {their.key: v} if _is_fix(their) else {}),
     "algorithm.rollout_batch_size_per_gpu": Implied(_always, "read only by RLinf's vLLM worker before RLinf #222 "
                                                     "(Nov 2025), to split a generation request into batches "
                                                     "that bound memory; the engines here batch a stage's "

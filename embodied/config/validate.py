@@ -79,6 +79,10 @@ def validate(cfg: DictConfig) -> PlacementPlan:
                           f"{cfg.algorithm.loss_agg_func}, because it weighs micro-batches into one mean over "
                           "the minibatch's valid tokens: token-mean's")
 
+    if cfg.algorithm.importance_sampling_fix and not cfg.rollout.recompute_logprobs:
+        _fail("rollout.recompute_logprobs", False, "true with algorithm.importance_sampling_fix (its weight is the "
+              "actor's recomputed log-probs against the rollout's)")
+
     plan = _placement(cfg)
     _backends(cfg, plan.ranks["actor"])
     _training_options(cfg, plan.accelerator)

@@ -20,13 +20,14 @@ from omegaconf import DictConfig
 from embodied.algorithms import (
     POLICY_LOSSES,
     actor_critic_loss,
+    expand_like,
     loss_hyperparameters,
     reduce_logprobs,
     valid_mask,
     valid_token_weights,
     value_loss,
 )
-from embodied.algorithms.trajectory import normalize, training_samples
+from embodied.algorithms.trajectory import is_weight_metrics, normalize, training_samples, truncated_is_weights
 from embodied.batch import Samples, Trajectory
 from embodied.channel import Channel
 from embodied.channel.keys import replay_key
@@ -38,7 +39,8 @@ CONFIG_KEYS = ("algorithm.kl_beta", "algorithm.entropy_bonus",
                "algorithm.calculate_entropy", "algorithm.use_kl_in_reward", "algorithm.target_kl",
                "algorithm.logprob_type", "algorithm.entropy_type", "algorithm.update_epochs",
                "algorithm.shuffle_rollout", "algorithm.logprob_forward_micro_batch_size", "algorithm.critic_warmup",
-               "rollout.recompute_logprobs", "actor.micro_batch_size", "actor.global_batch_size")
+               "rollout.recompute_logprobs", "actor.micro_batch_size", "actor.global_batch_size",
+               "algorithm.importance_sampling_fix", "algorithm.importance_sampling_clip")
 
 
 class ActorWorker(TrainerWorker):
@@ -98,6 +100,8 @@ class ActorWorker(TrainerWorker):
         metrics["actor/lr"] = lr
         metrics["actor/update_fraction"] = updates / max(planned, 1)
         metrics["actor/version_lag"] = lag
+        if batch.is_weights is not None:
+            metrics.update(is_weight_metrics(batch, self.algo.importance_sampling_clip))
         metrics["time/actor_wait"] = waited
         metrics["time/actor_busy"] = time.monotonic() - tic - waited
         return _mean_over_ranks(metrics)
@@ -125,6 +129,7 @@ class ActorWorker(TrainerWorker):
     def _samples(self, traj: Trajectory) -> Samples:
         # channel payloads are views of shared memory: copy into tensors the actor owns
         traj = traj.map(lambda x: torch.as_tensor(x).to(self.torch_device, copy=True))
+        rollout_logprobs = traj.logprobs
         if self.cfg.rollout.recompute_logprobs:
             traj.logprobs = self._logprobs(self.policy, traj)
         ref = None
@@ -136,7 +141,11 @@ class ActorWorker(TrainerWorker):
                     ref = self._logprobs(self.policy, traj)
         # a decoupled loss anchors on the policy as it is now, before this step's updates
         proximal = self._logprobs(self.policy, traj, with_values=True) if self.proximal else None
-        return training_samples(traj, self.algo, ref, proximal)
+        samples = training_samples(traj, self.algo, ref, proximal)
+        if self.algo.importance_sampling_fix:  # validated: traj.logprobs are the actor's, recomputed
+            samples.is_weights = truncated_is_weights(traj.logprobs, rollout_logprobs, self.algo.logprob_type,
+                                                      self.algo.importance_sampling_clip)
+        return samples
 
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, traj: Trajectory, with_values: bool = False) -> Any:
@@ -163,9 +172,12 @@ class ActorWorker(TrainerWorker):
         entropy = None
         if self.algo.entropy_bonus > 0 or self.algo.calculate_entropy:
             entropy = reduce_logprobs(out.entropy.float(), self.algo.entropy_type)
+        advantages = mb.advantages
+        if mb.is_weights is not None:
+            advantages = expand_like(advantages, mb.is_weights) * mb.is_weights
         return actor_critic_loss(
             logprobs=reduce_logprobs(out.logprobs.float(), level), old_logprobs=mb.old_logprobs,
-            advantages=mb.advantages, mask=mb.mask, token_mask=mb.token_mask, entropy=entropy,
+            advantages=advantages, mask=mb.mask, token_mask=mb.token_mask, entropy=entropy,
             values=out.values.float() if mb.returns is not None else None, old_values=mb.old_values,
             returns=mb.returns, ref_logprobs=mb.ref_logprobs, policy_loss=self.policy_loss,
             proximal_logprobs=mb.proximal_logprobs, **self.loss_args,
