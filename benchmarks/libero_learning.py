@@ -45,14 +45,16 @@ from benchmarks.vla_learning import curve, embodied  # noqa: E402
 SFT, RL = "libero_object_sft_openvla_oft", "libero_object_ppo_openvla_oft"
 
 
-def record_demos(out: Path, first: int, stop: int, overrides: list[str] = ()) -> dict:
+def record_demos(out: Path, first: int, stop: int, overrides: list[str] = (), noise: float = 0.0) -> dict:
     """The expert's successful episodes from init states [first, stop) of each task, into the
-    folder ``out``; the recording's summary (its JSON line)."""
+    folder ``out`` (with ``noise``, executed with DART's translation noise); the recording's
+    summary (its JSON line)."""
     from embodied.config import compose
 
     attempts = len(compose(SFT, list(overrides)).env.train.init_params.task_ids) * (stop - first)
     line = [sys.executable, "-m", "embodied.record", "--config-name", SFT, "--expert", "libero_pick_place",
             "--out", str(out), "--episodes", str(attempts), "--max-attempts", str(attempts), "--num-envs", "2",
+            "--action-noise", str(noise),
             "env.train.init_params.privileged_states=true", f"env.train.init_params.init_state_range=[{first},{stop}]",
             *overrides]
     print("$ " + " ".join(line[1:]), flush=True)
@@ -97,6 +99,8 @@ def held_out(ckpt: Path, out: Path, name: str, overrides: list[str] = (), videos
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demos-per-task", type=int, default=30, help="init states 0..N-1 of each task recorded")
+    parser.add_argument("--demo-noise", type=float, default=0.0,
+                        help="std of the translation noise the expert's demos are executed with (DART; 0: none)")
     parser.add_argument("--sft-steps", type=int, default=3000, help="SFT optimizer steps (64 demo steps each)")
     parser.add_argument("--rl-steps", type=int, default=75,
                         help="PPO steps (3200 env steps each; 75 take about 60 min here)")
@@ -112,7 +116,7 @@ def main() -> None:
     # what a previous run of this command left in --out (demos, finished runs and evals) is reused
     demos = out / "demos"
     if not any(demos.glob("*.hdf5")):
-        record_demos(demos, 0, args.demos_per_task, extra)
+        record_demos(demos, 0, args.demos_per_task, extra, args.demo_noise)
     check_held_out(demos, extra)
     common = [f"runner.output_dir={out}", *extra]
     sft_ckpt = out / "sft" / "checkpoints" / f"global_step_{args.sft_steps}"

@@ -117,10 +117,12 @@ def expert_actions(name: str, env_cfg: DictConfig) -> Callable[[Obs], np.ndarray
 
 
 def record(env: Env, act: Callable[[Obs], np.ndarray], writer: Any, *, episodes: int,
-           max_attempts: int, first_reset_state: int = 0, keep_failures: bool = False) -> Recording:
+           max_attempts: int, first_reset_state: int = 0, keep_failures: bool = False,
+           perturb: Callable[[np.ndarray], np.ndarray] | None = None) -> Recording:
     """Run rounds of one episode per env, from reset states ``first_reset_state + attempt``,
     writing the successful episodes (all with ``keep_failures``) until ``episodes`` are written
-    or ``max_attempts`` have started."""
+    or ``max_attempts`` have started. With ``perturb`` the env executes ``perturb(actions)`` while
+    the actions as ``act`` chose them are recorded."""
     result = Recording(kept=0, attempts=0, successes=0, env_steps=0)
     while writer.num_episodes < episodes and result.attempts < max_attempts:
         counted = min(env.num_envs, max_attempts - result.attempts)  # envs past the last attempt replay it, uncounted
@@ -130,8 +132,9 @@ def record(env: Env, act: Callable[[Obs], np.ndarray], writer: Any, *, episodes:
         live = np.ones(env.num_envs, bool)
         while live.any():
             chunk = act(obs)
+            executed = chunk if perturb is None else perturb(chunk)
             for c in range(chunk.shape[1]):
-                obs, rewards, terminations, truncations, infos = env.chunk_step(chunk[:, c:c + 1])
+                obs, rewards, terminations, truncations, infos = env.chunk_step(executed[:, c:c + 1])
                 for i in np.flatnonzero(live):
                     runs[i].step(chunk[i, c], obs, rewards[i, -1], terminations[i, -1],
                                  truncations[i, -1], infos["success"][i])
@@ -180,6 +183,20 @@ class _Run:
                 self.obs[key].append(obs[key][self.row])
 
 
+def translation_noise(std: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """DART's perturbation (Laskey et al., 2017): Gaussian noise on the first three action dims,
+    the end effector's translation that the experts steer back (they hold the orientation, so
+    noise there would drift for good), clipped to the action range [-1, 1]."""
+    rng = np.random.default_rng(seed)
+
+    def perturb(actions: np.ndarray) -> np.ndarray:
+        noisy = actions.copy()
+        noisy[..., :3] = np.clip(noisy[..., :3] + rng.normal(0.0, std, noisy[..., :3].shape), -1, 1)
+        return noisy
+
+    return perturb
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -196,13 +213,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", action="store_true", help="sample actions instead of acting greedily")
     parser.add_argument("--expert", choices=sorted(EXPERTS), default=None,
                         help="a scripted expert (envs/experts.py) acts instead of actor.model")
+    parser.add_argument("--action-noise", type=float, default=0.0,
+                        help="with --expert: the env executes the expert's action plus Gaussian noise of this std "
+                             "on the end effector's translation, and the expert's action is recorded (DART: the "
+                             "demos show it steering back from states it alone never visits)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="torch seed (sampled actions, an untrained policy's weights)")
+                        help="torch seed (sampled actions, an untrained policy's weights) and --action-noise's")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides such as runner.ckpt_path=DIR")
     args = parser.parse_intermixed_args(argv)
     for name in ("episodes", "num_envs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.action_noise < 0 or (args.action_noise and args.expert is None):
+        parser.error("--action-noise must be a std >= 0, and is read with --expert only")
     return args
 
 
@@ -215,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env_cfg, reads_state = recording_env(cfg.env[args.split], args.num_envs, expert=args.expert is not None)
         if args.expert:
             act, source = expert_actions(args.expert, env_cfg), f"expert {args.expert} (envs/experts.py, scripted, reads object poses)"
+            if args.action_noise:
+                source += f", executed with translation noise of std {args.action_noise} (DART)"
         else:
             act = policy_actions(load_policy(cfg), reads_state, args.sample)
             source = f"{args.config_name} ({cfg.actor.model.model_type}"
@@ -234,8 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
     with env, writer:
+        perturb = translation_noise(args.action_noise, args.seed) if args.action_noise else None
         result = record(env, act, writer, episodes=args.episodes, max_attempts=max_attempts,
-                        first_reset_state=args.first_reset_state, keep_failures=args.keep_failures)
+                        first_reset_state=args.first_reset_state, keep_failures=args.keep_failures,
+                        perturb=perturb)
     files = [str(p) for p in writer.paths]
     what = "episodes" if args.keep_failures else "successful episodes"
     print(f"{PROG}: {result.kept} {what} written to {', '.join(files)}; "

@@ -122,6 +122,39 @@ def test_recording_keeps_the_successes_and_replays_to_the_same_pixels(tmp_path):
 
 
 @pytest.mark.slow
+def test_dart_noise_executes_perturbed_actions_and_records_the_experts(tmp_path):
+    """``--action-noise`` (DART): the env runs the pusher's actions with noise on their translation,
+    the file holds the pusher's own action at every recorded state, and replaying those clean
+    actions does not retrace the episode (it was not what ran)."""
+    from envs.maniskill import check_params
+    from envs.maniskill_scene import make_kwargs
+    from envs.protocol import PRIVILEGED_STATES
+    from embodied.record import translation_noise
+
+    sample = translation_noise(0.5, seed=0)(np.zeros((2, 1, 4), np.float32))
+    assert (sample[..., 3] == 0).all() and (sample[..., :3] != 0).all() and np.abs(sample).max() <= 1
+    env_cfg, _ = recording_env(load_env_config("maniskill_push_cube", PUSH), num_envs=2)
+    p = check_params(env_cfg.init_params)
+    out = tmp_path / "dart"
+    with make_vector_env(env_cfg, num_envs=2) as env, \
+            TrajectoryWriter(out, env_id=p["id"], env_kwargs=make_kwargs(p, 1, 15), max_episode_steps=15,
+                             main_camera=p["main_camera"], wrist_camera=p["wrist_camera"]) as writer:
+        record(env, lambda obs: push_cube(obs[PRIVILEGED_STATES])[:, None], writer, episodes=2, max_attempts=2,
+               keep_failures=True, perturb=translation_noise(0.5, seed=0))
+    episodes = list(read_demos(out.with_suffix(".h5"), obs_mode="state"))
+    assert len(episodes) == 2
+    for full in episodes:
+        states = full.obs["states"][:len(full.actions)]  # the state each action was chosen at
+        np.testing.assert_allclose(full.actions, push_cube(states), atol=1e-6)
+    full = episodes[0]
+    with make_vector_env(env_cfg, num_envs=1) as env:
+        seen = [env.reset([full.seed])[PRIVILEGED_STATES][0]]
+        for action in full.actions[:-1]:
+            seen.append(env.chunk_step(action[None, None])[0][PRIVILEGED_STATES][0])
+    assert np.abs(np.stack(seen) - full.obs["states"]).max() > 1e-3
+
+
+@pytest.mark.slow
 def test_record_command_acts_with_the_checkpoint_it_is_given(tmp_path, capsys):
     """``python -m embodied.record`` in-process: an MLP checkpoint drives PushCube from the
     privileged state, failures kept on request; the recorded actions are the checkpoint's
