@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,12 +72,15 @@ class Echo(Worker):
             dist.destroy_process_group()
 
 
-    def all_reduce_forever(self) -> None:
-        """Collectives until a peer is gone (then gloo raises here)."""
+    def all_reduce_forever(self, started: str) -> None:
+        """Collectives until a peer is gone (then gloo raises here); the file ``started.<rank>``
+        says this rank is in them."""
         import torch
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1000))
+        Path(f"{started}.{self.rank}").touch()
         while True:
             dist.all_reduce(torch.ones(1000))
 
@@ -200,8 +204,10 @@ def test_a_rank_that_raised_because_its_collective_peer_died_reports_the_death(c
                                args=(3,), crash_dir=str(tmp_path / "crashes"))
     try:
         pids = group.execute("pid").wait()
-        call = group.execute("all_reduce_forever")
-        time.sleep(2.0)
+        call = group.execute("all_reduce_forever", str(tmp_path / "started"))
+        deadline = time.monotonic() + 60  # (a fixed 2 s once hit rank 1 still importing, on a loaded machine)
+        while not all((tmp_path / f"started.{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         os.kill(pids[1], signal.SIGSEGV)
         with pytest.raises(WorkerError, match=r"EchoGroup rank 1 on node 0 \(.+?\) died") as info:
             call.wait(timeout=60)
