@@ -276,3 +276,16 @@ def test_overrides_and_options_may_come_in_any_order(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "experiment: maniskill_grpo_mlp" in out and "lr 0.0001" in out and "steps: 3," in out
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    ("maniskill_sft_mlp", ["algorithm.importance_sampling_fix=true"], "algorithm.importance_sampling_fix: not "
+     "supported here, because algorithm.loss_type sft does not read it"),
+    ("maniskill_ppo_mlp", ["algorithm.importance_sampling_clip=3"], "algorithm.importance_sampling_clip: not "
+     "supported here, because algorithm.importance_sampling_fix is false"),
+    ("maniskill_ppo_mlp", ["algorithm.importance_sampling_fix=true"], "rollout.recompute_logprobs = False: expected "
+     "true with algorithm.importance_sampling_fix"),
+])
+def test_importance_sampling_keys_are_refused_where_nothing_reads_them(config, overrides, message, capsys):
+    assert cli._main(["--config-name", config, *overrides], "embodied-train") == 2
+    assert message in capsys.readouterr().err

@@ -101,10 +101,9 @@ def reinpp(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
 def reinpp_baseline(steps: StepSignals, algo: Mapping[str, Any]) -> Estimate:
     """REINFORCE++-baseline: REINFORCE++ with the mean score of the env's group (its shared reset
     state or prompt) subtracted from every step's return first, then whitened over the batch."""
-    dones = steps.terminations | steps.truncations
-    mask = first_episode_mask(dones)
-    scores = episode_returns(steps.rewards, dones)
-    return Estimate((returns_to_go(steps.rewards * mask) - group_means(scores, algo["group_size"])) * mask, mask)
+    plain = reinpp(steps, algo)
+    scores = plain.advantages[0]  # a first episode's return-to-go at its first step: its score
+    return Estimate((plain.advantages - group_means(scores, algo["group_size"])) * plain.mask, plain.mask)
 
 
 def compute_gae(
@@ -168,11 +167,16 @@ def returns_to_go(rewards: Tensor) -> Tensor:
     return rewards.flip(0).cumsum(0).flip(0)
 
 
-def group_means(scores: Tensor, group_size: int) -> Tensor:
-    """``[B]``: the mean score of each env's group (envs ``[g * group_size, (g + 1) * group_size)``)."""
+def _groups(scores: Tensor, group_size: int) -> Tensor:
+    """``[B] -> [G, group_size]``: envs ``[g * group_size, (g + 1) * group_size)`` form group ``g``."""
     if scores.shape[0] % group_size:
         raise ValueError(f"number of envs {scores.shape[0]} is not a multiple of group_size {group_size}")
-    return scores.reshape(-1, group_size).mean(dim=1).repeat_interleave(group_size)
+    return scores.reshape(-1, group_size)
+
+
+def group_means(scores: Tensor, group_size: int) -> Tensor:
+    """``[B]``: the mean score of each env's group."""
+    return _groups(scores, group_size).mean(dim=1).repeat_interleave(group_size)
 
 
 def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True) -> Tensor:
@@ -188,9 +192,7 @@ def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, normaliz
     """
     if group_size < 2:
         raise ValueError(f"GRPO needs group_size >= 2 (envs per shared reset state), got {group_size}")
-    if scores.shape[0] % group_size:
-        raise ValueError(f"number of envs {scores.shape[0]} is not a multiple of group_size {group_size}")
-    groups = scores.reshape(-1, group_size).to(torch.float32)
+    groups = _groups(scores, group_size).to(torch.float32)
     mean = groups.mean(dim=1, keepdim=True)
     if not normalize_std:
         return (groups - mean).reshape(-1)
@@ -204,9 +206,7 @@ def nonuniform_group_mask(scores: Tensor, group_size: int) -> Tensor:
     With success flags as scores this drops all-success and all-failure groups: they carry no
     ranking signal (their advantages are 0) yet would dilute the mean over valid samples.
     """
-    if scores.shape[0] % group_size:
-        raise ValueError(f"number of envs {scores.shape[0]} is not a multiple of group_size {group_size}")
-    groups = scores.reshape(-1, group_size)
+    groups = _groups(scores, group_size)
     spread = groups.amax(dim=1) != groups.amin(dim=1)
     return spread.repeat_interleave(group_size)
 

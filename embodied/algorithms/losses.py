@@ -49,6 +49,8 @@ ROLLOUT_UPDATE = {
     "algorithm.use_valid_token_scale": "micro-batches weighed by their valid tokens",
     "algorithm.staleness_threshold": "rollouts ahead of the update",
     "rollout.recompute_logprobs": "the actor's log-probs of a rollout",
+    "algorithm.importance_sampling_fix": "the rollout engine's importance weights",
+    "algorithm.importance_sampling_clip": "their truncation",
     "actor.optim.value_lr": "the critic's learning rate",
 }
 

@@ -103,7 +103,6 @@ def is_weight_metrics(samples: Samples, clip: float) -> dict[str, float]:
     """The mean truncated weight over the valid entries, and the fraction the truncation cut."""
     weights = samples.is_weights
     valid = valid_mask(samples.mask, samples.token_mask, weights)
-    valid = torch.ones_like(weights, dtype=torch.bool) if valid is None else valid
     count = valid.sum().clamp(min=1)
     return {"actor/is_weight": float((weights * valid).sum() / count),
             "actor/is_truncated_fraction": float(((weights >= clip) & valid).sum() / count)}

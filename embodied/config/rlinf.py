@@ -394,7 +394,6 @@ def _eval_once(value: Any, their: Their) -> bool:
     return value in (None, 1)
 
 
-
 def _reinpp_kl(their: Their) -> bool:
     return their.get("algorithm.adv_type") == "reinpp" and bool(their.get("algorithm.reinpp_kl_beta"))
 
