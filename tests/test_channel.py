@@ -175,7 +175,7 @@ def test_bounded_queue_blocks_producer_until_a_get(channel):
     ch = channel(maxsize=2)
     peer = Peer.remote()
     done = peer.put_steps.remote(ch, "obs_buffer/0", [0, 1, 2])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # an actor starts in seconds under load
     while ch.qsize("obs_buffer/0") < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     ready, _ = ray.wait([done], timeout=1.0)
@@ -183,7 +183,7 @@ def test_bounded_queue_blocks_producer_until_a_get(channel):
     with pytest.raises(TimeoutError, match=r"'obs_buffer/0' stayed full \(2 items\) for 0.2s"):
         ch.put("obs_buffer/0", {"x": np.zeros(3)}, timeout=0.2)
     assert ch.get("obs_buffer/0")["step"] == 0
-    assert ray.get(done, timeout=5) == 3  # unblocked by the get
+    assert ray.get(done, timeout=60) == 3  # unblocked by the get
     assert [ch.get("obs_buffer/0")["step"] for _ in range(2)] == [1, 2]
 
 
@@ -192,11 +192,12 @@ def test_get_waits_for_a_put_and_times_out(channel):
     with pytest.raises(TimeoutError, match="nothing arrived on 'action_buffer/1' within 0.2s"):
         ch.get("action_buffer/1", timeout=0.2)
     peer = Peer.remote()
+    ray.get(peer.pid.remote(), timeout=120)  # started (under load an actor's start takes seconds)
     pending = peer.get.remote(ch, "action_buffer/1")
     ready, _ = ray.wait([pending], timeout=1.0)
-    assert not ready
+    assert not ready  # waiting on the empty queue
     ch.put("action_buffer/1", {"actions": np.full((2, 7), 0.5, np.float32)})
-    got = ray.get(pending, timeout=10)
+    got = ray.get(pending, timeout=60)
     assert got["actions"].tolist() == [[0.5] * 7] * 2
 
 
@@ -219,7 +220,7 @@ def test_killed_producer_leaves_nothing_in_dev_shm(channel):
     ch = channel(maxsize=2)
     peer = Peer.remote()
     peer.put_forever.remote(ch, "obs_buffer/0")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # an actor starts in seconds under load
     while ch.qsize("obs_buffer/0") < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     ray.kill(peer)  # killed while waiting on the full queue

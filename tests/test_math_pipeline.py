@@ -32,11 +32,12 @@ LEARNING_STEPS = 160
 # Xeon with AVX-512 FP16 / AMX its training reward stays flat over these steps (-0.62 -> -0.63,
 # held-out 0.16 -> 0.185), at 3e-4 it rises as the numbers below say (-0.63 -> -0.40, 0.16 -> 0.26)
 
-# The Megatron and vLLM runs stop at step 100 and compare steps 61-100 with the FSDP2 run's. Measured
-# here at 100 steps (data.seed 1234, 1235, 1236): the mean reward of steps 61-100 rose by 0.21-0.23
-# from steps 1-20 for FSDP2, 0.21 for Megatron (1234, 1235), 0.18-0.21 for vLLM, each within 0.04
-# of FSDP2's with the same seed; held out, FSDP2 gained only +0.045 with seed 1235, hence its 160.
-COMPARED_STEPS = 100
+# The Megatron and vLLM runs stop at step 60 and compare steps 41-60 with the FSDP2 run's. Measured
+# here (data.seed 1234, 1235, 1236): the mean reward of steps 41-60 rose by 0.14-0.15 from steps
+# 1-20 for FSDP2, 0.14 for Megatron (1234, 1235), 0.13-0.17 for vLLM, each within 0.02 of FSDP2's
+# with the same seed; held out after 60 steps (1234): 0.19 -> 0.235 Megatron, 0.225 vLLM. FSDP2's
+# own held-out gain needs more steps (+0.045 at 100 with seed 1235), hence its 160.
+COMPARED_STEPS = 60
 
 
 def learning_run(tiny_math, out, *extra, steps: int = LEARNING_STEPS, config: str = "math_grpo_tiny"):
@@ -46,11 +47,11 @@ def learning_run(tiny_math, out, *extra, steps: int = LEARNING_STEPS, config: st
 
 
 def rises_like(ours: dict[int, float], theirs: dict[int, float], tolerance: float) -> None:
-    """Steps 61-100's mean reward is >= 0.15 above steps 1-20's and within ``tolerance`` of theirs."""
+    """Steps 41-60's mean reward is >= 0.1 above steps 1-20's and within ``tolerance`` of theirs."""
     from statistics import mean
 
-    start, end = range(1, 21), range(COMPARED_STEPS - 39, COMPARED_STEPS + 1)
-    assert mean(ours[s] for s in end) >= mean(ours[s] for s in start) + 0.15, ours
+    start, end = range(1, 21), range(COMPARED_STEPS - 19, COMPARED_STEPS + 1)
+    assert mean(ours[s] for s in end) >= mean(ours[s] for s in start) + 0.1, ours
     assert mean(ours[s] for s in end) == pytest.approx(mean(theirs[s] for s in end), abs=tolerance)
 
 
@@ -80,7 +81,7 @@ def test_megatron_backend_learns_like_fsdp(tiny_math, fsdp_learning, tmp_path):
     its training reward rises as much. (Tensor parallel 2 is what test_megatron.py runs over two
     gloo processes, TP 2 == TP 1 == HF step for step; through this pipeline it takes 4x the step
     time of the FSDP2 run on 2 cores, each rank computing the whole batch. A 200-prompt eval is too
-    noisy to compare runs, the mean reward of 40 steps x 512 responses is not.)"""
+    noisy to compare runs, the mean reward of 20 steps x 512 responses is not.)"""
     from tests.test_pipeline import scalars
 
     fsdp_result, _, fsdp_run = fsdp_learning
@@ -104,8 +105,8 @@ def test_vllm_rollouts_learn_like_huggingface_generate(tiny_math, fsdp_learning,
     worker (weights pushed in place and checked every step): the training reward rises as with
     Hugging Face ``generate``. The engines sample with their own random streams, so the runs
     differ from the first step and compare as two seeds do: measured here, the reward of steps
-    61-100 was -0.413, -0.398 and -0.406 for three HF runs (data.seed 1234, 1235, 1236) and
-    -0.431, -0.438, -0.417 for vLLM, each rising >= 0.18 from steps 1-20."""
+    41-60 was -0.480, -0.478 and -0.478 for three HF runs (data.seed 1234, 1235, 1236) and
+    -0.478, -0.492, -0.460 for vLLM, each rising >= 0.12 from steps 1-20."""
     from tests.test_pipeline import scalars
 
     fsdp_result, _, hf_run = fsdp_learning
