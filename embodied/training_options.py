@@ -25,12 +25,15 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 from policies.weights import DTYPES
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # the config keys read here (tests/test_schema.py: every schema key is read or refused)
 CONFIG_KEYS = ("actor.optim.optimizer", "actor.optim.adam_beta1", "actor.optim.adam_beta2",
@@ -56,6 +59,8 @@ def build_optimizer(groups: list[dict[str, Any]], optim: Any) -> torch.optim.Opt
 
 def fsdp_options(fsdp: Any, mesh: DeviceMesh | None = None) -> dict[str, Any]:
     """Keyword arguments of every ``fully_shard`` call of the actor (``mesh``: ``fsdp_mesh``'s)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy  # FSDP's stack: actors only
+
     options: dict[str, Any] = {"reshard_after_forward": fsdp.reshard_after_forward
                                and fsdp.sharding_strategy != "shard_grad_op"}
     if mesh is not None:
