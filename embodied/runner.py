@@ -265,10 +265,17 @@ class Runner:
         metrics: dict[str, float] = {}
         for split in ("eval", "eval_pass_k") if self.cfg.data.val_pass_k > 1 else ("eval",):
             per_round = []
-            for r in range(max(self.env.execute("rounds", split).wait())):
-                env_call = self.env.execute("interact", split, self.eval_chunk_steps, r == 0)
-                self.rollout.execute("generate", split, self.eval_chunk_steps, 0).wait()
-                per_round += env_call.wait()
+            rounds = max(self.env.execute("rounds", split).wait())
+            with tqdm(total=rounds, desc=split, unit="round", dynamic_ncols=True, leave=False) as bar:
+                for r in range(rounds):
+                    env_call = self.env.execute("interact", split, self.eval_chunk_steps, r == 0)
+                    self.rollout.execute("generate", split, self.eval_chunk_steps, 0).wait()
+                    per_round += env_call.wait()
+                    so_far = _merge_ranks(per_round)
+                    bar.update(1)
+                    bar.set_postfix(episodes=f"{so_far.get(f'{split}/episodes', 0):.0f}",
+                                    success=f"{so_far.get(f'{split}/success_once', float('nan')):.2f}",
+                                    env_steps_per_s=f"{so_far[f'{split}/env_steps'] / (time.monotonic() - tic):.0f}")
             metrics.update(_merge_ranks(per_round))
         self.eval_videos = [v for rank in self.env.execute("pop_videos", "eval").wait() for v in rank]
         metrics["time/eval"] = time.monotonic() - tic

@@ -66,6 +66,7 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert 0.0 <= result["eval_success"] <= 1.0
     assert result["tasks"] == {TASK: {"success": result["eval_success"], "episodes": 4}}
     assert "eval of" in done.stdout and "over 4 episodes" in done.stdout
+    assert "eval: 100%" in done.stderr and "episodes=4" in done.stderr  # the rounds' progress bar
     assert f"  {TASK}: success {result['eval_success']:.3f} over 4 episodes" in done.stdout.splitlines()
     assert scalars(tmp_path / "tiny", f"eval/episodes/{TASK}") == {2: 4.0}
     assert scalars(tmp_path / "tiny", f"eval/success_once/{TASK}") == {2: result["eval_success"]}

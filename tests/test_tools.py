@@ -5,6 +5,7 @@ is malformed fails its turn, is counted, and leaves the runner working."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,10 +42,10 @@ def test_writes_land_only_in_the_scratch_folder(tmp_path):
     assert f"refused {target}" in result.stdout and f"refused {home}" in result.stdout
 
 
-def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_running():
+def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_running(own_sandboxes):
     result = sandbox.run_python("import os\nwhile True:\n    os.fork()", QUICK)
     assert result.status == ERROR and "Resource temporarily unavailable" in result.stderr
-    assert _no_sandbox_processes_left()
+    assert _no_sandbox_processes_left(own_sandboxes)
 
 
 def test_ten_gigabytes_are_refused():
@@ -52,14 +53,14 @@ def test_ten_gigabytes_are_refused():
     assert result.status == ERROR and "MemoryError" in result.stderr
 
 
-def test_a_busy_loop_is_stopped_by_its_cpu_time_and_a_sleeper_by_the_deadline():
+def test_a_busy_loop_is_stopped_by_its_cpu_time_and_a_sleeper_by_the_deadline(own_sandboxes):
     tic = time.monotonic()
     busy = sandbox.run_python("while True:\n    pass", sandbox.Limits(wall_s=30, cpu_s=1))
     assert busy.status == TIMEOUT and time.monotonic() - tic < 20  # the CPU limit, not the deadline
     tic = time.monotonic()
     sleeper = sandbox.run_python("import time\ntime.sleep(60)", sandbox.Limits(wall_s=1, cpu_s=5))
     assert sleeper.status == TIMEOUT and time.monotonic() - tic < 4
-    assert _no_sandbox_processes_left()
+    assert _no_sandbox_processes_left(own_sandboxes)
 
 
 def test_endless_output_stops_at_the_file_size_limit():
@@ -67,15 +68,27 @@ def test_endless_output_stops_at_the_file_size_limit():
     assert result.status == ERROR and len(result.stdout) <= 1 << 20
 
 
-def _no_sandbox_processes_left(settle_s: float = 3.0) -> bool:
-    """No process runs a sandbox's script (``python -I main.py``) within ``settle_s`` (the
-    kernel ends a pid namespace's processes after its first one, not at once)."""
+@pytest.fixture
+def own_sandboxes(tmp_path, monkeypatch) -> Path:
+    """The folder this test's sandboxes are made in (their scratch folders' parent), so that
+    sandboxes of tests running beside it in other processes are not counted as its own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def _no_sandbox_processes_left(root: Path, settle_s: float = 3.0) -> bool:
+    """No process of a sandbox made under ``root`` runs within ``settle_s`` (the kernel ends a
+    pid namespace's processes after its first one, not at once). A sandbox's processes are those
+    running ``main.py`` whose command line (bwrap outside) or mounts (inside) name ``root``."""
     deadline = time.monotonic() + settle_s
+    mark = str(root).encode()
     while True:
         running = 0
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                running += b"main.py" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                running += b"main.py" in cmdline.split(b"\0") and (
+                    mark in cmdline or mark in Path(f"/proc/{pid}/mountinfo").read_bytes())
             except OSError:
                 continue
         if not running or time.monotonic() > deadline:
