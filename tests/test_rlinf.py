@@ -820,8 +820,9 @@ def test_maniskill_v01_lists_every_key_it_cannot_carry_over_in_one_message(manis
     assert code == 2
     assert err.count("config error") == 1
     listed = _listed(err)
-    # a task of RLinf's own (obj_set), and a path that does not resolve
-    assert sorted(listed) == ["actor.model.lora_path", "env.eval.init_params.obj_set", "env.train.init_params.obj_set"]
+    # a task of RLinf's own (its id, and obj_set that only it takes), and a path that does not resolve
+    assert sorted(listed) == ["actor.model.lora_path", "env.eval.init_params.id", "env.eval.init_params.obj_set",
+                              "env.train.init_params.id", "env.train.init_params.obj_set"]
     assert f"{len(listed)} setting(s)" in err
     for carried in ("algorithm.huber_delta", "algorithm.sampling_params.temperature_eval", "sim_config.sim_freq",
                     "max_steps_per_rollout_epoch",
@@ -888,6 +889,18 @@ def test_mlp_ppo_settings_that_would_change_the_run_are_listed(mlp_ppo, capsys, 
         path.write_text(path.read_text().replace(*edit))
     code, _, err = _run(capsys, mlp_ppo, "maniskill_ppo_mlp", "--dry-run")
     assert code == 2 and _listed(err) == keys and why in err, err
+
+
+def test_a_task_rlinf_registers_itself_is_named_as_the_cause(mlp_ppo, capsys):
+    """RLinf's OpenVLA(-OFT) ManiSkill files train on tasks RLinf adds to ManiSkill's registry;
+    the message names the task first, beside the options only such a task takes."""
+    path = mlp_ppo / "env" / "maniskill_pick_cube.yaml"
+    path.write_text(path.read_text().replace('id: "PickCube-v1"', 'id: "PutOnPlateInScene25Main-v3"\n  obj_set: train'))
+    code, _, err = _run(capsys, mlp_ppo, "maniskill_ppo_mlp", "--dry-run")
+    assert code == 2 and _listed(err) == [f"env.{split}.init_params.{key}" for split in ("train", "eval")
+                                          for key in ("id", "obj_set")], err
+    assert ("env.train.init_params.id = 'PutOnPlateInScene25Main-v3': not a task of ManiSkill's: RLinf registers "
+            "it itself") in err and "(closest: ['PutCarrotOnPlateInScene-v1'])" in err
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ translated values), composed and checked like any config of ours. docs/rlinf.md 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 import tempfile
@@ -217,6 +218,20 @@ def _implement_version(value: Any, their: Their, rest: str) -> dict[str, Any]:
         raise Untranslatable(f"expected one of {list(heads)}")
     head, stop_token = heads[value]
     return {"actor.model.action_head": head, "actor.model.action_stop_token": stop_token}
+
+
+def _maniskill_task(value: Any, their: Their, rest: str) -> dict[str, Any]:
+    """RLinf registers ManiSkill tasks of its own (``rlinf/envs/maniskill``: the PutOnPlateInScene
+    family its OpenVLA(-OFT) ManiSkill files train on), which ManiSkill does not have: that is the
+    cause to name, before the options only those tasks take (``obj_set``, ...)."""
+    if their.env_type() == "maniskill" and importlib.util.find_spec("mani_skill") is not None:
+        from envs.maniskill_scene import REGISTERED_ENVS
+
+        if value not in REGISTERED_ENVS:
+            close = difflib.get_close_matches(str(value), list(REGISTERED_ENVS), n=3)
+            raise Untranslatable("not a task of ManiSkill's: RLinf registers it itself (rlinf/envs/maniskill); "
+                                 "ManiSkill's own tasks run here" + (f" (closest: {close})" if close else ""))
+    return {their.key: value}
 
 
 def _maniskill_control_mode(robot: str) -> str:
@@ -627,6 +642,8 @@ RLINF_KEYS: dict[str, Rule] = {
                                    "states and task_descriptions (RLinf's simple wrapping)"),
     "env.*.use_full_state": Implied(_equals(False), "states here are the robot's proprioception"),
     "env.*.policy_setup": Implied(_always, "RLinf reads actor.model.policy_setup"),
+    "env.*.init_params.id": Convert("env.*.init_params.id", "ManiSkill: a task of ManiSkill's registry; "
+                                    "RLinf's own tasks are reported", _maniskill_task),
     "env.*.init_params.num_envs": Implied(_equals(None), "the env counts come from env.*.total_num_envs"),
     "env.*.init_params.sim_config.sim_freq": Rename("env.*.init_params.sim_freq"),
     "env.*.init_params.sim_config.control_freq": Rename("env.*.init_params.control_freq"),
