@@ -221,9 +221,10 @@ def _implement_version(value: Any, their: Their, rest: str) -> dict[str, Any]:
 
 
 def _maniskill_task(value: Any, their: Their, rest: str) -> dict[str, Any]:
-    """RLinf registers ManiSkill tasks of its own (``rlinf/envs/maniskill``: the PutOnPlateInScene
-    family its OpenVLA(-OFT) ManiSkill files train on), which ManiSkill does not have: that is the
-    cause to name, before the options only those tasks take (``obj_set``, ...)."""
+    """RLinf registers ManiSkill tasks of its own (``rlinf/envs/maniskill``: PutOnPlateInScene25Main-v3,
+    PutCarrotOnPlateInScene-v2, ..., what its OpenVLA(-OFT) ManiSkill files train on), which
+    ManiSkill does not have: that is the cause to name, before the options only those tasks take
+    (``obj_set``, ...)."""
     if their.env_type() == "maniskill" and importlib.util.find_spec("mani_skill") is not None:
         from envs.maniskill_scene import REGISTERED_ENVS
 
