@@ -264,7 +264,7 @@ class Runner:
         self._turn(self.rollout, self.env)
         metrics: dict[str, float] = {}
         for split in ("eval", "eval_pass_k") if self.cfg.data.val_pass_k > 1 else ("eval",):
-            per_round = []
+            per_round, so_far = [], {}
             rounds = max(self.env.execute("rounds", split).wait())
             with tqdm(total=rounds, desc=split, unit="round", dynamic_ncols=True, leave=False) as bar:
                 for r in range(rounds):
@@ -276,7 +276,7 @@ class Runner:
                     bar.set_postfix(episodes=f"{so_far.get(f'{split}/episodes', 0):.0f}",
                                     success=f"{so_far.get(f'{split}/success_once', float('nan')):.2f}",
                                     env_steps_per_s=f"{so_far[f'{split}/env_steps'] / (time.monotonic() - tic):.0f}")
-            metrics.update(_merge_ranks(per_round))
+            metrics.update(so_far)
         self.eval_videos = [v for rank in self.env.execute("pop_videos", "eval").wait() for v in rank]
         metrics["time/eval"] = time.monotonic() - tic
         return metrics

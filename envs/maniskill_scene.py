@@ -30,12 +30,18 @@ from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 from envs.meshes import simplify_visual_meshes  # noqa: E402
 
 
+def unknown_task(task_id: Any) -> list[str] | None:
+    """None for a task of ManiSkill's registry; otherwise its closest tasks (maybe none)."""
+    if task_id in REGISTERED_ENVS:
+        return None
+    return difflib.get_close_matches(str(task_id), list(REGISTERED_ENVS), n=3)
+
+
 def check_task(p: Mapping[str, Any]) -> None:
     """The checks of ``check_params``'d params that need ManiSkill's registry: the task exists,
     its assets are downloaded, the shader pack is one of ManiSkill's."""
     task_id = p["id"]
-    if task_id not in REGISTERED_ENVS:
-        close = difflib.get_close_matches(str(task_id), list(REGISTERED_ENVS), n=3)
+    if (close := unknown_task(task_id)) is not None:
         raise EnvSetupError(f"env.init_params.id={task_id!r} is not a ManiSkill task"
                             + (f"; did you mean {close}?" if close else "")
                             + " (python -c 'import mani_skill.envs; from mani_skill.utils."

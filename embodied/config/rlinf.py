@@ -226,10 +226,9 @@ def _maniskill_task(value: Any, their: Their, rest: str) -> dict[str, Any]:
     ManiSkill does not have: that is the cause to name, before the options only those tasks take
     (``obj_set``, ...)."""
     if their.env_type() == "maniskill" and importlib.util.find_spec("mani_skill") is not None:
-        from envs.maniskill_scene import REGISTERED_ENVS
+        from envs.maniskill_scene import unknown_task
 
-        if value not in REGISTERED_ENVS:
-            close = difflib.get_close_matches(str(value), list(REGISTERED_ENVS), n=3)
+        if (close := unknown_task(value)) is not None:
             raise Untranslatable("not a task of ManiSkill's: RLinf registers it itself (rlinf/envs/maniskill); "
                                  "ManiSkill's own tasks run here" + (f" (closest: {close})" if close else ""))
     return {their.key: value}
