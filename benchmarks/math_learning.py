@@ -4,6 +4,7 @@ and print the held-out greedy accuracy curve (time, step, accuracy, training rew
 length) and the start/end accuracies.
 
     python benchmarks/math_learning.py [--out results/math_learning] [--steps 1000] [--val-every 100]
+        [--config math_grpo_tiny_vllm] [overrides...]
 
 The baseline is the warm-start checkpoint itself (validation before the first step); the last
 line is JSON with ``accuracy_start``, ``accuracy_end``, ``train_wall_s`` (the whole training
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "results" / "math_learning"))
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--val-every", type=int, default=100)
+    parser.add_argument("--config", default="math_grpo_tiny", help="the experiment (math_grpo_tiny_vllm: vLLM rollouts)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for the training run")
     args = parser.parse_args()
     out = Path(args.out)
@@ -62,7 +64,7 @@ def main() -> None:
     warm = {"accuracy": held_out_accuracy(out / "model", out / "data")}
     print(f"warm start: held-out greedy accuracy {warm['accuracy']:.3f} after {time.monotonic() - tic:.1f} s", flush=True)
 
-    command = [sys.executable, "-m", "embodied", "train", "--config-name", "math_grpo_tiny",
+    command = [sys.executable, "-m", "embodied", "train", "--config-name", args.config,
                f"actor.model.model_path={out / 'model'}", f"data.train_data_paths=[{out / 'data' / 'train.jsonl'}]",
                f"data.val_data_paths=[{out / 'data' / 'test.jsonl'}]", f"runner.output_dir={out}",
                "runner.experiment_name=run", f"runner.max_epochs={args.steps}",

@@ -415,6 +415,39 @@ def test_a_local_node_whose_agent_starts_too_slowly_is_started_again(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_local_node_the_driver_cannot_reach_in_time_is_started_again(tmp_path):
+    """The driver's first query of a local node's GCS can time out on a loaded machine (ray.init
+    raises "Failed to connect to GCS"; seen in the full suite): made to happen once here (a
+    ``sitecustomize`` hook makes the first query fail as Ray's does), the cluster is started
+    again, says so, and works, with one GCS and one raylet left."""
+    marker = tmp_path / "failed_once"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nimport ray._private.state as state\n"
+        "connect = state.GlobalState._connect_and_get_accessor\n"
+        "def once(self):\n"
+        f"    if not os.path.exists({str(marker)!r}):\n"
+        f"        open({str(marker)!r}, 'w').close()\n"
+        "        import ray\n"
+        "        raise ray.exceptions.RaySystemError('Failed to connect to GCS. Please check if the GCS server is running "
+        "and if this node can connect to the head node.')\n"
+        "    return connect(self)\n"
+        "state.GlobalState._connect_and_get_accessor = once\n")
+    script = ("import ray\nfrom embodied.cluster import Cluster\nc = Cluster(num_nodes=1)\n"
+              "print(ray.get(ray.remote(lambda: 7).remote()))\n"
+              "import psutil\nprint(len([p for p in psutil.Process().children(recursive=True) "
+              "if p.name() in ('gcs_server', 'raylet')]))\nc.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.path.dirname(os.path.dirname(__file__))}"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert marker.exists()
+    assert "the local Ray node did not start (System error: Failed to connect to GCS." in out.stderr
+    assert "starting it again (2 of 3)" in out.stderr and "(3 of 3)" not in out.stderr
+    assert out.stdout.split() == ["7", "2"]
+
+
+@pytest.mark.slow
 def test_a_rank_killed_by_rays_memory_monitor_is_reported_dead():
     """Ray's memory monitor kills a rank that allocates past the node's threshold (set here 2.5 GB
     above what the machine uses, in a cluster of its own): a death, which the runner restarts, not
