@@ -387,18 +387,11 @@ def test_a_local_cluster_starts_without_rays_token_auth_warning():
     assert "Token authentication" not in out.stderr and out.stdout.split() == ["token"]
 
 
-@pytest.mark.slow
-def test_a_local_node_whose_agent_starts_too_slowly_is_started_again(tmp_path):
-    """Ray's raylet exits when its metrics agent has not written its port within a fixed 15 s
-    (what a loaded machine made happen here in the full suite): the first start's agent is held
-    back 20 s (a ``sitecustomize`` hook in the agent's process), the local cluster is started
-    again, says so, and works; the failed start leaves no process behind."""
-    marker = tmp_path / "held_once"
-    (tmp_path / "sitecustomize.py").write_text(
-        "import os, sys, time\n"
-        f"if any(a.endswith('dashboard/agent.py') for a in sys.argv) and not os.path.exists({str(marker)!r}):\n"
-        f"    open({str(marker)!r}, 'w').close()\n"
-        "    time.sleep(20)\n")
+def started_again_after(tmp_path, hook: str, failure: str) -> None:
+    """A local cluster started in a fresh process whose ``sitecustomize`` is ``hook`` (which makes
+    the first start fail once, leaving ``tmp_path / "once"``): the start fails with ``failure``,
+    the cluster is started again, says so, and works; the failed start leaves no process behind."""
+    (tmp_path / "sitecustomize.py").write_text(hook)
     script = ("import ray\nfrom embodied.cluster import Cluster\nc = Cluster(num_nodes=1)\n"
               "print(ray.get(ray.remote(lambda: 7).remote()))\n"
               "import psutil\nprint(len([p for p in psutil.Process().children(recursive=True) "
@@ -408,20 +401,32 @@ def test_a_local_node_whose_agent_starts_too_slowly_is_started_again(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert marker.exists()
-    assert "the local Ray node did not start (The current node timed out during startup." in out.stderr
+    assert (tmp_path / "once").exists()
+    assert f"the local Ray node did not start ({failure}" in out.stderr
     assert "starting it again (2 of 3)" in out.stderr and "(3 of 3)" not in out.stderr
     assert out.stdout.split() == ["7", "2"]  # one GCS and one raylet: the first start's GCS is gone
 
 
 @pytest.mark.slow
+def test_a_local_node_whose_agent_starts_too_slowly_is_started_again(tmp_path):
+    """Ray's raylet exits when its metrics agent has not written its port within a fixed 15 s
+    (what a loaded machine made happen here in the full suite): the first start's agent is held
+    back 20 s (a ``sitecustomize`` hook in the agent's process)."""
+    marker = tmp_path / "once"
+    started_again_after(tmp_path, (
+        "import os, sys, time\n"
+        f"if any(a.endswith('dashboard/agent.py') for a in sys.argv) and not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    time.sleep(20)\n"), "The current node timed out during startup.")
+
+
+@pytest.mark.slow
 def test_a_local_node_the_driver_cannot_reach_in_time_is_started_again(tmp_path):
     """The driver's first query of a local node's GCS can time out on a loaded machine (ray.init
-    raises "Failed to connect to GCS"; seen in the full suite): made to happen once here (a
-    ``sitecustomize`` hook makes the first query fail as Ray's does), the cluster is started
-    again, says so, and works, with one GCS and one raylet left."""
-    marker = tmp_path / "failed_once"
-    (tmp_path / "sitecustomize.py").write_text(
+    raises "Failed to connect to GCS"; seen in the full suite): a ``sitecustomize`` hook makes the
+    first query fail once as Ray's does."""
+    marker = tmp_path / "once"
+    started_again_after(tmp_path, (
         "import os\nimport ray._private.state as state\n"
         "connect = state.GlobalState._connect_and_get_accessor\n"
         "def once(self):\n"
@@ -431,20 +436,7 @@ def test_a_local_node_the_driver_cannot_reach_in_time_is_started_again(tmp_path)
         "        raise ray.exceptions.RaySystemError('Failed to connect to GCS. Please check if the GCS server is running "
         "and if this node can connect to the head node.')\n"
         "    return connect(self)\n"
-        "state.GlobalState._connect_and_get_accessor = once\n")
-    script = ("import ray\nfrom embodied.cluster import Cluster\nc = Cluster(num_nodes=1)\n"
-              "print(ray.get(ray.remote(lambda: 7).remote()))\n"
-              "import psutil\nprint(len([p for p in psutil.Process().children(recursive=True) "
-              "if p.name() in ('gcs_server', 'raylet')]))\nc.shutdown()\n")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.path.dirname(os.path.dirname(__file__))}"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert marker.exists()
-    assert "the local Ray node did not start (System error: Failed to connect to GCS." in out.stderr
-    assert "starting it again (2 of 3)" in out.stderr and "(3 of 3)" not in out.stderr
-    assert out.stdout.split() == ["7", "2"]
+        "state.GlobalState._connect_and_get_accessor = once\n"), "System error: Failed to connect to GCS.")
 
 
 @pytest.mark.slow
