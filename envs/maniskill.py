@@ -53,6 +53,7 @@ from typing import Any
 
 from core.description import EnvDescription
 from core.errors import EnvSetupError
+from envs import sapien_lut
 from envs.subproc import single_env_batch
 from envs.vector_env import VectorEnv, read_options
 
@@ -180,6 +181,8 @@ class ManiSkillVectorEnv(VectorEnv):
 
             sim = ManiSkillGPUSim(p, num_envs, steps, render, step_frames=video)
         else:
+            if (render or has_cameras(p)) and select_vulkan_driver():
+                sapien_lut.ensure()  # once per machine: each scene process would compute it (10 CPU-s)
             sim = single_env_batch([functools.partial(_scene, p, steps, render)] * num_envs,
                                    preload=["envs.maniskill_scene"], num_processes=env_cfg.get("num_processes"),
                                    step_frames=video)

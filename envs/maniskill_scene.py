@@ -17,7 +17,7 @@ from core.errors import EnvSetupError
 from envs.maniskill import CAMERA_VARIANTS, has_cameras, select_vulkan_driver, task_description
 from envs.protocol import PRIVILEGED_STATES, RENDER_IMAGES, STEP_FRAMES, video_keys
 
-select_vulkan_driver()  # before SAPIEN makes its Vulkan instance (envs/maniskill.py)
+ON_LAVAPIPE = select_vulkan_driver()  # before SAPIEN makes its Vulkan instance (envs/maniskill.py)
 
 import gymnasium as gym  # noqa: E402  (after the Vulkan driver is chosen)
 import mani_skill.envs  # noqa: E402,F401  (registers the tasks)
@@ -27,7 +27,11 @@ from mani_skill.render.shaders import PREBUILT_SHADER_CONFIGS as SHADER_PACKS  #
 from mani_skill.utils import assets  # noqa: E402
 from mani_skill.utils.registration import REGISTERED_ENVS  # noqa: E402
 
+from envs import sapien_lut  # noqa: E402
 from envs.meshes import simplify_visual_meshes  # noqa: E402
+
+if ON_LAVAPIPE:
+    sapien_lut.install()  # cameras take the machine's stored BRDF table (ManiSkillVectorEnv makes it)
 
 
 def unknown_task(task_id: Any) -> list[str] | None:
