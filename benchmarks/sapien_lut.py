@@ -60,8 +60,8 @@ def main() -> None:
         order = [("computed", "/dev/null/cache"), ("stored", None)]
         for name, cache in order if r % 2 == 0 else order[::-1]:
             runs[name].append(cpu_seconds(cache))
-        print(f"round {r + 1}: " + ", ".join(f"{name} {cpu:.1f} CPU-s ({wall:.1f} s)" for name, ((cpu, wall), *_)
-                                            in ((n, runs[n][-1:]) for n in runs)), flush=True)
+        print(f"round {r + 1}: " + ", ".join(f"{name} {values[-1][0]:.1f} CPU-s ({values[-1][1]:.1f} s)"
+                                            for name, values in runs.items()), flush=True)
     cpu = {name: statistics.median(c for c, _ in values) for name, values in runs.items()}
     wall = {name: statistics.median(w for _, w in values) for name, values in runs.items()}
     print(json.dumps({"computed_cpu_s": round(cpu["computed"], 1), "stored_cpu_s": round(cpu["stored"], 1),

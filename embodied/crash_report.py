@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from core.cache import cache_dir
+
 SOURCE = Path(__file__).with_suffix(".c")
 FOLDER = "crashes"  # under runner.logger.log_path
 _FATAL_PYTHON = re.compile(r"^Fatal Python error: (.+)$", re.M)
@@ -61,7 +63,7 @@ def _build() -> tuple[Path | None, str]:
     """The handler library for this source, compiled on first use (atomically: workers starting
     at once may all compile it); None and the reason when no compiler works."""
     source = SOURCE.read_bytes()
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embodied-rl"
+    cache = cache_dir()
     library = cache / f"crash_report-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if library.is_file():
         return library, ""

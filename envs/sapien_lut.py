@@ -8,7 +8,7 @@ SAPIEN and the driver, so ``ensure`` has it computed once and read back texel fo
 process of its own: a copy of SAPIEN's minimal shader pack whose last pass draws the table into a
 float picture), stored under ``~/.cache/embodied-rl``; ``install`` hands the stored table to
 every camera before its pictures, and SAPIEN then uses it instead of computing its own. The
-texels are the ones SAPIEN computes, so the pictures are too (tests/test_maniskill_views.py).
+texels are the ones SAPIEN computes, so the pictures are too (tests/test_sapien_lut.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from core.cache import cache_dir
+
 SIZE = 512  # svulkan2's default table
 TEXTURE = "BRDFLUT"  # the shaders' samplerBRDFLUT: SAPIEN computes it when a camera has none
 _table: list[Any] = []  # this process's texture, made at the first picture (after SAPIEN's device)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embodied-rl"
 
 
 def path() -> Path:

@@ -1,7 +1,8 @@
 """SAPIEN's BRDF table stored once per machine (envs/sapien_lut.py): the stored texels are the
 split-sum integral SAPIEN's shader computes, cameras given them draw exactly the pictures SAPIEN
-draws with its own, and they do use them; without a store SAPIEN computes its own, as before. Each rendering runs in a fresh process (SAPIEN keeps its
-table for the life of a process), with the store in a folder of the test's own."""
+draws with its own, and they do use them; without a store SAPIEN computes its own, as before.
+Each rendering runs in a fresh process (SAPIEN keeps its table for the life of a process), with
+the store in a folder of the test's own."""
 
 from __future__ import annotations
 
