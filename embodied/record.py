@@ -233,9 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     tic = time.monotonic()
     torch.manual_seed(args.seed)
+    max_attempts = args.max_attempts or 4 * args.episodes
+    num_envs = min(args.num_envs, max_attempts)  # an env past the last attempt would only replay it
     try:
         cfg = compose(args.config_name, args.overrides, args.config_path)
-        env_cfg, reads_state = recording_env(cfg.env[args.split], args.num_envs, expert=args.expert is not None)
+        env_cfg, reads_state = recording_env(cfg.env[args.split], num_envs, expert=args.expert is not None)
         if args.expert:
             act, source = expert_actions(args.expert, env_cfg), f"expert {args.expert} (envs/experts.py, scripted, reads object poses)"
             if args.action_noise:
@@ -247,8 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source += ", sampled" if args.sample else ", greedy"
         from envs import make_vector_env
 
-        env = make_vector_env(env_cfg, num_envs=args.num_envs)
-        max_attempts = args.max_attempts or 4 * args.episodes
+        env = make_vector_env(env_cfg, num_envs=num_envs)
         last = args.first_reset_state + max_attempts
         if env.sim.num_reset_states is not None and last > env.sim.num_reset_states:
             env.close()
