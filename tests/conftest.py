@@ -107,9 +107,15 @@ def ray_session():
     """One local Ray cluster for the end-to-end runs made in this process (tests/runs.py
     ``embodied``); each run's ``Cluster`` joins it instead of starting its own. Yields its
     address, for runs in subprocesses that may join it too (``Run(..., ray_address=)``)."""
+    from unittest import mock
+
     import ray
 
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    # No log monitor: with log_to_driver off nothing reads what it forwards, and it rescans the
+    # session's log folder (a file per worker the session ever ran) ten times a second: 160
+    # CPU-seconds of a full suite run, measured per process
+    with mock.patch("ray._private.node.Node.start_log_monitor"):
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

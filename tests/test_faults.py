@@ -101,7 +101,7 @@ def test_a_run_outlives_dead_workers_and_leaves_the_backtraces_of_a_crash(tmp_pa
     metrics logged, those after a checkpoint again from the step after it. The aborted rank leaves
     gdb's native backtraces and Python's stacks of all its threads in ``crashes/``; workers that
     ended normally leave no file."""
-    steps = 40  # the last kill comes after the checkpoint of step 15, the 3rd after the run's start
+    steps = 25  # the last kill comes after the checkpoint of step 15, the 3rd after the run's start: 10 steps on
     args = tiny_config(tmp_path / "config") + [f"runner.output_dir={tmp_path}", f"runner.max_epochs={steps}",
                                                "runner.save_interval=5"]
     run = Run(args, tmp_path, "run", ray_address=ray_session)

@@ -232,11 +232,13 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_thems
 
 
 def test_ppo_learns_push_cube_far_above_the_untrained_policy(tmp_path):
-    """The learning bar, shortened to 20 of the shipped config's 80 steps (64k env steps). Measured
-    here, held-out success by step: 0 at 0 and 5, 0.13 at 10, 0.59 at 15, 0.69 at 20, 0.81 at 25."""
-    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=20",
-                                   "runner.val_before_train=true", "runner.val_check_interval=20",
+    """The learning bar, shortened to 16 of the shipped config's 80 steps (51k env steps) at a
+    learning rate of 1e-3 (the config's 3e-4 needs 20 steps: held-out success 0.13 at 10, 0.59 at
+    15, 0.69-0.84 at 20). Measured here at 1e-3, the rate annealed over the run as the config
+    does: 0.13 at step 8 and 0.86 at 16 of a 16-step run, 0.28 at the end of a 12-step one."""
+    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=16", "actor.optim.lr=1e-3",
+                                   "runner.val_before_train=true", "runner.val_check_interval=16",
                                    "runner.save_interval=-1"])
-    assert result["env_steps"] == 20 * 64 * 50
+    assert result["env_steps"] == 16 * 64 * 50
     assert result["eval_success_before"] <= 0.1, result
     assert result["eval_success"] >= 0.5, result
