@@ -236,9 +236,10 @@ def test_ppo_learns_push_cube_far_above_the_untrained_policy(tmp_path):
     learning rate of 1e-3 (the config's 3e-4 needs 20 steps: held-out success 0.13 at 10, 0.59 at
     15, 0.69-0.84 at 20). Measured here at 1e-3, the rate annealed over the run as the config
     does: 0.13 at step 8 and 0.86 at 16 of a 16-step run, 0.28 at the end of a 12-step one."""
-    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", "runner.max_epochs=16", "actor.optim.lr=1e-3",
-                                   "runner.val_before_train=true", "runner.val_check_interval=16",
+    steps = 16
+    result, _ = embodied("train", [f"runner.output_dir={tmp_path}", f"runner.max_epochs={steps}", "actor.optim.lr=1e-3",
+                                   "runner.val_before_train=true", f"runner.val_check_interval={steps}",
                                    "runner.save_interval=-1"])
-    assert result["env_steps"] == 16 * 64 * 50
+    assert result["env_steps"] == steps * 64 * 50
     assert result["eval_success_before"] <= 0.1, result
     assert result["eval_success"] >= 0.5, result
