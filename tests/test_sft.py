@@ -225,7 +225,9 @@ def held_out_nll(policy, cfg) -> float:
 @pytest.mark.usefixtures("ray_session")
 def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_from_it(tmp_path):
     """The shortened benchmarks/vla_learning.py: a tiny OpenVLA-OFT cloned from the scripted
-    pusher's 64 px demos through embodied-train, then PPO from its checkpoint."""
+    pusher's 64 px demos through embodied-train, then PPO from its checkpoint. 60 SFT steps: the
+    held-out NLL measured here went 5.73 untrained -> 4.26 at step 50, 3.98 at 150 (bar: -1.0)."""
+    steps = 60
     from benchmarks.vla_learning import CONTROL, record_demos
     from tests.runs import ONE_RANK_EACH, embodied
     from tests.test_pipeline import scalars
@@ -240,15 +242,16 @@ def test_vla_sft_on_recorded_demos_brings_the_held_out_nll_down_and_rl_goes_on_f
     small = [f"env.{split}.{key}" for split in ("train", "eval") for key in ("total_num_envs=4", "num_processes=1")]
     common = [f"runner.output_dir={tmp_path}", "actor.model.action_dim=4", *CONTROL, *small]
     result, done = embodied("train", ["--config-name", "maniskill_sft_openvla_oft", *common, f"data.demo_paths=[{train}]",
-                                      *ONE_RANK_EACH, "runner.max_epochs=150", "runner.val_check_interval=150", "runner.save_interval=150"])
+                                      *ONE_RANK_EACH, f"runner.max_epochs={steps}", f"runner.val_check_interval={steps}",
+                                      f"runner.save_interval={steps}"])
     assert 0.0 <= result["eval_success"] <= 1.0 and result["env_steps"] == 0  # validated in the simulator
-    assert "eval at step 150: success" in done.stdout and "train:" in done.stderr  # the progress bar
+    assert f"eval at step {steps}: success" in done.stdout and "train:" in done.stderr  # the progress bar
     print(f"SFT run in {time.monotonic() - tic:.1f} s: {result}")
     sft_dir = tmp_path / "maniskill_sft_openvla_oft"
     losses = scalars(sft_dir, "actor/imitation_loss")
-    assert losses[150] < losses[1] - 1.0
+    assert losses[steps] < losses[1] - 1.0
     sft_ckpt = checkpoint.latest(sft_dir / "checkpoints")
-    assert sft_ckpt.name == "global_step_150"
+    assert sft_ckpt.name == f"global_step_{steps}"
 
     cfg = compose("maniskill_sft_openvla_oft", ["actor.model.action_dim=4", *CONTROL, f"data.demo_paths=[{held_out}]"])
     untrained, cloned = (held_out_nll(OpenVLAOFTPolicy(dict(cfg.actor.model) | {"model_path": str(folder)}).eval(), cfg)
