@@ -22,10 +22,11 @@ STEPS = 3
 ASYNC = ["algorithm.staleness_threshold=1", "algorithm.loss_type=decoupled_actor_critic"]
 
 
-def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path):
-    # the single-node run, in a process and a Ray cluster of its own, beside the two-node one
+def test_two_node_run_equals_one_node_run_and_survives_losing_a_node(tmp_path, ray_session):
+    # the single-node run, in a process of its own on the session's one-node cluster, beside the two-node one
     single = Run(tiny_config(tmp_path / "c1") + [f"runner.output_dir={tmp_path / 'single'}",
-                                                 f"runner.max_epochs={STEPS}", *ASYNC], tmp_path, "single")
+                                                 f"runner.max_epochs={STEPS}", *ASYNC], tmp_path, "single",
+                 ray_address=ray_session)
     ray_cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
         lost = ray_cluster.add_node(num_cpus=2)

@@ -169,22 +169,23 @@ def exit_by_themselves():
         assert not list(Path("/dev/shm").glob(f"embch.*.{pid}.*"))
 
 
-def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_themselves):
+def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_themselves, ray_session):
     """SIGKILL between checkpoints, rerun the same command: it resumes from the last complete
     checkpoint, and every metric after it (train, update, eval) and the final weights are the
-    uninterrupted run's (made beside it). Training envs auto-reset at the time limit, so each
-    step's rollout is one episode per env and the next episode's reset state crosses the
-    checkpoint. Every process of the killed run exits by itself (``exit_by_themselves``)."""
+    uninterrupted run's (made beside it, on the session's Ray cluster). Training envs auto-reset
+    at the time limit, so each step's rollout is one episode per env and the next episode's reset
+    state crosses the checkpoint. Every process of the killed run exits by itself
+    (``exit_by_themselves``)."""
     steps = 6
     args = ["runner.max_epochs=6", "runner.save_interval=3", "runner.val_check_interval=2",
             "env.train.auto_reset=true", "env.train.ignore_terminations=true"]
     command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", TWO_ACTOR_RANKS), *args,
                "runner.resume_dir=auto"]
     log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
-    # both runs as the killed one ran, in processes (and Ray clusters) of their own
+    # the killed run and its resumption in processes and Ray clusters of their own, as a user runs them
     with open(tmp_path / "straight.out", "w") as out, open(tmp_path / "straight.err", "w") as err:
         straight = subprocess.Popen([*command[:4], *tiny(tmp_path, "straight", TWO_ACTOR_RANKS), *args],
-                                    stdout=out, stderr=err)
+                                    stdout=out, stderr=err, env={**os.environ, "RAY_ADDRESS": ray_session})
     with open(tmp_path / "killed.err", "w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     family: list[psutil.Process] = []
