@@ -10,6 +10,7 @@ half of that.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import sys
 from pathlib import Path
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EMBODIED = ROOT / "embodied"
 
 
-def _module(code) -> str | None:
-    path = Path(code.co_filename)
+@functools.cache
+def _module(filename: str) -> str | None:
+    path = Path(filename)
     return str(path.relative_to(ROOT)) if path.is_relative_to(EMBODIED) else None
 
 
@@ -32,7 +34,7 @@ def walk_returns(argv: list[str]) -> set[tuple[str, str, str, str]]:
     edges = set()
 
     def add(caller_code, callee_code) -> None:
-        callee, caller = _module(callee_code), _module(caller_code)
+        callee, caller = _module(callee_code.co_filename), _module(caller_code.co_filename)
         if callee and caller and callee != caller and caller_code.co_name != "summary":
             edges.add((caller, caller_code.co_name, callee, callee_code.co_name))
 
