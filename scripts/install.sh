@@ -1,11 +1,12 @@
 # shellcheck shell=bash
 # Sourced by the setup scripts. install_into VENV ARGS... installs ARGS (pip install's arguments)
-# into the virtualenv VENV with uv when VENV has it, else with pip. uv installs the project's extras
-# at the same versions as pip (compared package by package) in 53 s from an empty cache instead of
-# pip's 192 s with a warm one, on a 2-core VM. uv does not read pip's configuration, so the options pip takes from it (config files and
-# PIP_* variables: index URLs, find-links, constraints) are handed to uv; local folders that do not
-# exist are left out, as pip skips them with a warning, and every index is searched for the best
-# match, as pip does (uv's default takes a package from the first index that has it).
+# into the virtualenv VENV with uv when VENV has it, else with pip. uv installs the project's
+# extras at the same versions as pip (compared package by package) in 53 s from an empty cache
+# instead of pip's 192 s with a warm one, on a 2-core VM. uv does not read pip's configuration, so
+# the options pip takes from it (config files and PIP_* variables: index URLs, find-links,
+# constraints) are handed to uv; local folders that do not exist are left out, as pip skips them
+# with a warning, and every index is searched for the best match, as pip does (uv's default takes
+# a package from the first index that has it).
 install_into() {
     local venv=$1
     shift
