@@ -30,8 +30,13 @@ FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "fi
          "constraint": "--constraint"}
 for key, flag in FLAGS.items():
     for value in config.get(key, ("", ""))[1].split():
-        path = urlparse(value).path if value.startswith("file:") else value if "://" not in value else None
-        if path is None or os.path.exists(path):
+        if value.startswith("file:"):
+            local = urlparse(value).path
+        elif "://" in value:
+            local = None  # a remote index: passed on as it is
+        else:
+            local = value
+        if local is None or os.path.exists(local):
             print(flag)
             print(value)
 EOF

@@ -182,7 +182,8 @@ def test_killed_run_resumes_as_if_it_had_not_been_killed(tmp_path, exit_by_thems
     command = [sys.executable, "-m", "embodied", "train", *tiny(tmp_path, "killed", TWO_ACTOR_RANKS), *args,
                "runner.resume_dir=auto"]
     log, ckpts = tmp_path / "killed", tmp_path / "killed" / "checkpoints"
-    # the killed run and its resumption in processes and Ray clusters of their own, as a user runs them
+    # the uninterrupted run on the session's Ray cluster; the killed run (below) and its resumption
+    # in processes and Ray clusters of their own, as a user runs them
     with open(tmp_path / "straight.out", "w") as out, open(tmp_path / "straight.err", "w") as err:
         straight = subprocess.Popen([*command[:4], *tiny(tmp_path, "straight", TWO_ACTOR_RANKS), *args],
                                     stdout=out, stderr=err, env={**os.environ, "RAY_ADDRESS": ray_session})
