@@ -32,6 +32,7 @@ from core.errors import EnvSetupError
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 OUT_OF_CPU = (128 + signal.SIGXCPU, 128 + signal.SIGKILL)  # bwrap's exit status when RLIMIT_CPU hit
 INSIDE = "/tmp/scratch"  # where the code sees its scratch folder (its working directory)
+PRIVATE = (Path("/tmp"), Path("/dev/shm"))  # empty tmpfs in each sandbox
 _UIDS = itertools.count((os.getpid() % 4096) * 16)  # distinct sandbox uids per process
 
 
@@ -72,7 +73,7 @@ def run_python(code: str, limits: Limits = Limits()) -> Result:
         uid = 100_000 + next(_UIDS) % 65_536
         for path in (scratch, scratch / "main.py"):
             os.chown(path, uid, uid)
-        namespaces = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", *_reachable()]
+        namespaces = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         python = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                   "--inh-caps=-all", "--bounding-set=-all", *python]
         processes = limits.processes
@@ -82,8 +83,9 @@ def run_python(code: str, limits: Limits = Limits()) -> Result:
     mb = 1 << 20  # prlimit, not preexec_fn: the env workers calling this have threads
     rlimits = ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * mb}", f"--fsize={limits.file_mb * mb}",
                f"--nproc={processes}", "--core=0"]
-    command = [*rlimits, bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-               "--tmpfs", "/dev/shm", "--bind", str(scratch), INSIDE, "--chdir", INSIDE,
+    command = [*rlimits, bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               *(arg for private in PRIVATE for arg in ("--tmpfs", str(private))),
+               *_interpreter_mounts(os.geteuid() == 0), "--bind", str(scratch), INSIDE, "--chdir", INSIDE,
                *namespaces, "--die-with-parent", "--new-session", "--clearenv",
                "--setenv", "HOME", INSIDE, "--setenv", "TMPDIR", INSIDE, "--setenv", "PATH", "/usr/bin:/bin", *python]
 
@@ -102,15 +104,29 @@ def run_python(code: str, limits: Limits = Limits()) -> Result:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _reachable() -> list[str]:
-    """Mounts that let another uid reach this interpreter: a folder on its way that others cannot
-    enter (e.g. root's home holding pyenv) is hidden under an empty tmpfs with the interpreter's
-    prefix mounted back, read-only."""
+def _interpreter_mounts(other_uid: bool) -> list[str]:
+    """Mounts that show the sandbox this interpreter, read-only: a prefix in the sandbox's private
+    ``/tmp`` or ``/dev/shm`` (a checkout and its virtualenv in /tmp) and, for a sandbox uid other
+    than ours, one behind a folder others cannot enter (root's home holding pyenv, then hidden under
+    an empty tmpfs) are mounted back, the folders on their way made enterable (bwrap makes them
+    0700, and Python then falls back to another installation's standard library or finds none)."""
     mounts: list[str] = []
-    for prefix in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}:
-        closed = [p for p in reversed(prefix.parents) if not p.stat().st_mode & 0o001]
-        if closed:
-            mounts += ["--tmpfs", str(closed[0]), "--ro-bind", str(prefix), str(prefix)]
+    made: set[Path] = set()
+    for prefix in sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}):
+        hidden = next((p for p in PRIVATE if prefix.is_relative_to(p)), None)
+        if hidden is None and other_uid:
+            closed = [p for p in reversed(prefix.parents) if not p.stat().st_mode & 0o001]
+            hidden = closed[0] if closed else None
+            if hidden is not None and hidden not in made:
+                mounts += ["--tmpfs", str(hidden)]
+                made.add(hidden)
+        if hidden is None:
+            continue
+        for folder in reversed(prefix.parents):
+            if folder.is_relative_to(hidden) and folder != hidden and folder not in made:
+                mounts += ["--perms", "0755", "--dir", str(folder)]
+                made.add(folder)
+        mounts += ["--ro-bind", str(prefix), str(prefix)]
     return mounts
 
 

@@ -5,6 +5,8 @@ is malformed fails its turn, is counted, and leaves the runner working."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +42,20 @@ def test_writes_land_only_in_the_scratch_folder(tmp_path):
     assert not target.exists() and not home.exists() and not os.path.exists("/dev/shm/x")
     # /tmp and /dev/shm inside are private tmpfs: a write there is gone with the sandbox
     assert f"refused {target}" in result.stdout and f"refused {home}" in result.stdout
+
+
+def test_an_interpreter_under_tmp_runs_inside_though_tmp_is_private(monkeypatch):
+    """A checkout in /tmp has its virtualenv there, under the sandbox's own empty /tmp: it is
+    mounted back, its folders enterable by the sandbox's uid (a fresh clone in /tmp failed every
+    Python tool call: ``setpriv: failed to execute .../.venv/bin/python``), and the code runs on
+    this interpreter's own standard library (not another installation's: the base prefix)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        venv = Path(root) / "checkout" / ".venv"
+        subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
+        monkeypatch.setattr(sys, "prefix", str(venv))
+        result = sandbox.run_python("import sys\nprint(sys.prefix, sys.base_prefix)", QUICK)
+    assert (result.status, result.stdout) == (OK, f"{venv.resolve()} {Path(sys.base_prefix).resolve()}\n"), result.stderr
 
 
 def test_a_fork_bomb_hits_the_process_limit_and_leaves_nothing_running(own_sandboxes):
