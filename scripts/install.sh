@@ -8,8 +8,8 @@
 # with a warning, and every index is searched for the best match, as pip does (uv's default takes
 # a package from the first index that has it). uv, unlike pip, leaves the bytecode to the first
 # import, and where PYTHONDONTWRITEBYTECODE is set (it is on these machines) that is every import of
-# every process: `import torch, transformers, mani_skill.envs, ray` took 18.9 s instead of 7.8 s,
-# and CI's run of the test command went from 2022 to 3261 s.
+# every process: `import torch, transformers, mani_skill.envs, ray, gymnasium, peft` took 18.9 s
+# instead of 7.8 s, and CI's run of the test command went from 2022 to 3261 s.
 install_into() {
     local venv=$1
     shift
