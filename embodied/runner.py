@@ -57,6 +57,7 @@ CONFIG_KEYS = ("runner.val_check_interval", "runner.val_before_train", "runner.s
 
 class Runner:
     trainer: type[TrainerWorker] = ActorWorker  # the actor group's worker
+    env_split = "train"  # the split the env workers build at launch (an evaluation's: eval)
 
     def __init__(self, cfg: DictConfig, plan: PlacementPlan, cluster: Cluster | None = None):
         """Start the worker groups on ``cluster`` (without one, on a cluster of its own that
@@ -100,7 +101,8 @@ class Runner:
         crashes = str(Path(cfg.runner.logger.log_path) / crash_report.FOLDER)
         env_ranks, actor_ranks = plan.ranks["env"], plan.ranks["actor"]
         self.env = WorkerGroup.launch(EnvWorker, self.cluster, plan, "env", name=cfg.env.group_name,
-                                      args=(cfg, self.channel), crash_dir=crashes, wait=False)
+                                      args=(cfg, self.channel, "eval" if cfg.runner.only_eval else self.env_split),
+                                      crash_dir=crashes, wait=False)
         self.rollout = WorkerGroup.launch(RolloutWorker, self.cluster, plan, "rollout",
                                           name=cfg.rollout.group_name, crash_dir=crashes, wait=False,
                                           args=(cfg, self.channel, env_ranks, actor_ranks))
@@ -479,6 +481,7 @@ class ImitationRunner(Runner):
     (``demonstrations.prepare``: e.g. OpenVLA-OFT's action statistics)."""
 
     trainer = ImitationWorker
+    env_split = "eval"  # no training env is stepped
 
     def __init__(self, cfg: DictConfig, plan: PlacementPlan, cluster: Cluster | None = None):
         super().__init__(demonstrations.prepare(cfg), plan, cluster)

@@ -2,7 +2,7 @@
 
 The driver calls a method on every rank of a group and waits on the returned handle::
 
-    group = WorkerGroup.launch(EnvWorker, cluster, plan, "env", name="EnvGroup", args=(cfg,))
+    group = WorkerGroup.launch(EnvWorker, cluster, plan, "env", name="EnvGroup", args=(cfg, channel, "train"))
     obs = group.execute("reset").wait()            # one result per rank
 
 Before a worker's ``__init__`` runs it knows its ``rank``, ``world_size``, ``device`` and

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from embodied.algorithms import POLICY_LOSSES
 from embodied.channel import Channel
 from embodied.channel.keys import action_key, obs_key
 from embodied.worker import Worker
@@ -36,7 +35,11 @@ CONFIG_KEYS = ("env.non_finite", "rollout.pipeline_stage_num")
 
 
 class EnvWorker(Worker):
-    def __init__(self, cfg: DictConfig, channel: Channel):
+    def __init__(self, cfg: DictConfig, channel: Channel, first_split: str):
+        """``first_split``: the split built now, so that a bad env config fails at launch, not at
+        the first step (the runner's: ``eval`` for SFT and evaluations, which step no training
+        env). The worker imports no torch (2 CPU-seconds of a process's start): the simulators that
+        need it run in processes of their own, a lone in-process scene imports it itself."""
         self.cfg, self.channel = cfg, channel
         self.stages = cfg.rollout.pipeline_stage_num
         self.envs: dict[str, list[Env]] = {}
@@ -45,9 +48,7 @@ class EnvWorker(Worker):
         self.next_episodes: dict[str, np.ndarray] = {}
         self.stats: dict[str, EpisodeStats] = defaultdict(EpisodeStats)  # per split
         self.masked: dict[str, int] = {}  # non-finite values set to 0 per split (env.non_finite: mask)
-        # fail at launch, not at the first step, on a bad env config (SFT and evaluations step no training env)
-        imitation = POLICY_LOSSES.declared(cfg.algorithm.loss_type)["imitation"]
-        self._build("eval" if imitation or cfg.runner.only_eval else "train")
+        self._build(first_split)
 
     def _build(self, split: str) -> list[Env]:
         if split not in self.envs:
