@@ -1,16 +1,18 @@
 """The VLA actor's update alone, for as long as asked: one step of issue 28's bisection.
 
 The heap corruption of issue 28 killed an FSDP2 actor rank of the VLA learning bar's PPO, 135
-steps in, and has not come back in any run since (benchmarks/README.md). This runs what that
-rank runs, without Ray, the channel, the env or the rollout workers: two processes
+steps in, and has not come back in any run since (benchmarks/README.md). This approximates what
+that rank ran, without Ray, the channel, the env or the rollout workers: two processes
 (``torch.multiprocessing``), FSDP2 over gloo through the framework's own backend
 (``embodied.backends.FSDP``: ``fully_shard`` per block, then the root), the learning bar's actor
 config (``maniskill_ppo_openvla_oft_push_cube``: micro-batches of 40, updates of 160 samples over
-both ranks, 2 epochs of 4 updates a step, gradient clipping, Adam) on an SFT checkpoint's
-weights, and after each step the weight gather of the sync to the rollout
-(``trainable_state_dict``) and every ``--save-every`` steps the checkpoint's gathers
-(``FSDP.save``). The samples are one rollout's, made once by the policy itself on random 64 px
-frames; advantages are redrawn every step.
+both ranks, 2 epochs of 4 updates a step, gradient clipping) on an SFT checkpoint's weights, and
+after each step the weight gather of the sync to the rollout (``trainable_state_dict``) and every
+``--save-every`` steps the checkpoint's gathers (``FSDP.save``). Where it differs from the
+trainer: one Adam group at ``actor.optim.lr`` (the trainer gives the value head ``value_lr``), a
+policy-gradient-plus-value stand-in for the PPO loss, and micro-batches shuffled whole. The
+samples are one rollout's, made once by the policy itself on random 64 px frames; advantages
+are redrawn every step.
 
 Run it under a memory checker so that a bad free aborts at once, e.g. AddressSanitizer::
 
@@ -18,7 +20,8 @@ Run it under a memory checker so that a bad free aborts at once, e.g. AddressSan
     ASAN_OPTIONS=detect_leaks=0:alloc_dealloc_mismatch=0:log_path=/tmp/asan/asan:abort_on_error=1 \\
         .venv/bin/python benchmarks/actor_stress.py --model <sft>/actor/model --minutes 45
 
-A rank that dies ends the run; the JSON line says which, with its exit code (negative: the signal).
+A rank that dies or raises ends the run; the JSON line says which, with its exit code (negative:
+the signal) or its exception, and the steps both ranks had finished.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
 
     from embodied.backends import FSDP
     from embodied.config import compose
+    from embodied.config.validate import chunk_steps, rollout_window
     from envs.maniskill import task_description
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
@@ -61,7 +65,8 @@ def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
 
     # one rollout's samples on this rank: 320 chunks (64 envs x 10 chunks over 2 ranks)
     task = task_description(cfg.env.train.init_params.id)
-    per_rank, micro = cfg.env.train.total_num_envs * 10 // 2, actor.micro_batch_size
+    chunks = chunk_steps(rollout_window(cfg.env.train), cfg.actor.model.num_action_chunks)
+    per_rank, micro = cfg.env.train.total_num_envs * chunks // 2, actor.micro_batch_size
     gen = torch.Generator().manual_seed(rank)
     size = (cfg.env.train.init_params.camera_heights, cfg.env.train.init_params.camera_widths)
     inputs, actions = [], []
@@ -76,7 +81,6 @@ def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
     policy = backend.wrap(policy)  # sampled unsharded, as the rollout worker does
     optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=actor.optim.lr)
     per_update = actor.global_batch_size // 2
-    saves = Path(args.out) / f"rank{rank}"
     start, steps, updates = time.monotonic(), 0, 0
     deadline = start + 60 * args.minutes
     while time.monotonic() < deadline and (args.steps is None or steps < args.steps):
@@ -100,12 +104,12 @@ def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
         del weights
         steps += 1
         if steps % args.save_every == 0:
-            backend.save(policy, optimizer, saves / f"step{steps}")
+            backend.save(policy, optimizer, Path(args.out) / f"step{steps}")  # every rank gathers, rank 0 writes
+        results[rank] = {"steps": steps, "updates": updates, "minutes": (time.monotonic() - start) / 60}
         if rank == 0:
             rss = psutil.Process().memory_info().rss / 2**20
             print(f"step {steps}: {updates} updates, {(time.monotonic() - start) / steps:.1f} s a step, "
                   f"rank 0 RSS {rss:.0f} MB", flush=True)
-    results[rank] = {"steps": steps, "updates": updates, "minutes": (time.monotonic() - start) / 60}
     torch.distributed.destroy_process_group()
 
 
@@ -130,6 +134,8 @@ def main() -> None:
             mp.spawn(_rank, args=(port, args, results), nprocs=2)
         except mp.ProcessExitedException as err:
             died = {"rank": err.error_index, "exit_code": err.exit_code}
+        except mp.ProcessRaisedException as err:
+            died = {"rank": err.error_index, "raised": str(err).strip().splitlines()[-1]}
         results = dict(results)
     print(json.dumps({"steps": min((r["steps"] for r in results.values()), default=0),
                       "updates": min((r["updates"] for r in results.values()), default=0),

@@ -130,11 +130,11 @@ def test_only_the_backend_registry_imports_the_megatron_package():
 
 def test_the_env_worker_imports_no_torch():
     """Each env rank is a Ray process of its own whose simulators run in processes of their own;
-    importing torch there would add about 2 CPU-seconds to every run's start for nothing."""
+    importing torch there added about 1.5 CPU-seconds to every env rank's start for nothing."""
     code = ("import sys, embodied.workers.env; "
             "print(sorted(m for m in ('torch', 'transformers', 'mani_skill') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
 
 
 def _code_strings(path: Path) -> set[str]:

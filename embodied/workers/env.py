@@ -38,8 +38,9 @@ class EnvWorker(Worker):
     def __init__(self, cfg: DictConfig, channel: Channel, first_split: str):
         """``first_split``: the split built now, so that a bad env config fails at launch, not at
         the first step (the runner's: ``eval`` for SFT and evaluations, which step no training
-        env). The worker imports no torch (2 CPU-seconds of a process's start): the simulators that
-        need it run in processes of their own, a lone in-process scene imports it itself."""
+        env). Importing this module loads no torch (about 1.5 CPU-seconds of a process's start):
+        env types that need it load it when built (LIBERO's init states, a lone in-process
+        ManiSkill scene, the GPU simulation); scenes in processes of their own leave it there."""
         self.cfg, self.channel = cfg, channel
         self.stages = cfg.rollout.pipeline_stage_num
         self.envs: dict[str, list[Env]] = {}
