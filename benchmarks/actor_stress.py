@@ -41,9 +41,6 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CONFIG = "maniskill_ppo_openvla_oft_push_cube"
-
-
 def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
     import psutil
 
@@ -57,7 +54,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
     import vla_learning as bar
 
     # the PPO run of the learning bar, as benchmarks/soak.py --config vla starts it
-    cfg = compose(CONFIG, [*bar.CONTROL, "actor.model.action_dim=4", f"actor.model.model_path={args.model}"])
+    cfg = compose(bar.RL_CONFIG, bar.rl_overrides(args.model))
     backend = FSDP(cfg, "cpu")
     torch.manual_seed(0)
     policy = backend.build(torch.device("cpu"))

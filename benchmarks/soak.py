@@ -90,8 +90,7 @@ def config_args(name: str, out: Path) -> list[str]:
                                    f"data.demo_paths=[{demos}]", "actor.model.action_dim=4",
                                    f"runner.output_dir={out}", "runner.experiment_name=sft_discrete",
                                    "runner.max_epochs=1000", "runner.save_interval=1000"], out / "sft.log")
-        return ["--config-name", "maniskill_ppo_openvla_oft_push_cube", *bar.CONTROL, "actor.model.action_dim=4",
-                f"actor.model.model_path={sft / 'actor' / 'model'}", "runner.max_ckpts_to_keep=2"]
+        return ["--config-name", bar.RL_CONFIG, *bar.rl_overrides(sft / "actor" / "model"), "runner.max_ckpts_to_keep=2"]
     from envs.arithmetic import write_split
     from policies.tiny_lm import warm_start
 

@@ -45,6 +45,15 @@ EPISODE_STEPS = 40  # the pusher needs about 25
 # the demos' control: the pusher moves the end effector (x, y, z, gripper)
 CONTROL = [f"env.{split}.{key}" for split in ("train", "eval")
            for key in ("init_params.control_mode=pd_ee_delta_pos", f"max_episode_steps={EPISODE_STEPS}")]
+RL_CONFIG = "maniskill_ppo_openvla_oft_push_cube"
+
+
+def rl_overrides(model: Path | str) -> list[str]:
+    """The RL run's overrides from an SFT checkpoint's ``actor/model`` folder (the demos' control
+    and 4-dim actions), shared by this bar, ``soak.py --config vla`` and ``actor_stress.py``."""
+    return [*CONTROL, "actor.model.action_dim=4", f"actor.model.model_path={model}"]
+
+
 GRPO = ["algorithm.adv_type=grpo", "algorithm.group_size=4", "env.train.group_size=4",
         "env.train.use_fixed_reset_state_ids=true", "actor.model.add_value_head=false", "algorithm.value_clip=null"]
 VARIANTS = {  # SFT head, RL overrides
@@ -114,7 +123,7 @@ def curve(run_dir: Path, tag: str = "eval/success_once") -> list[dict]:
 
 def held_out(ckpt: Path, out: Path, name: str, episodes: int) -> float:
     """Greedy success of a checkpoint on the eval episodes, with videos in ``out/name``."""
-    result = embodied("eval", ["--config-name", "maniskill_ppo_openvla_oft_push_cube", f"runner.ckpt_path={ckpt}", *CONTROL,
+    result = embodied("eval", ["--config-name", RL_CONFIG, f"runner.ckpt_path={ckpt}", *CONTROL,
                                f"runner.output_dir={out}", f"runner.experiment_name={name}",
                                f"env.eval.total_num_envs={episodes}", "env.eval.video_cfg.save_video=true"],
                       out / f"{name}.log")
@@ -126,7 +135,7 @@ def check_held_out(demo_file: Path, episodes: int) -> None:
     from embodied.config import compose
     from envs.protocol import ResetStates
 
-    seed = compose("maniskill_ppo_openvla_oft_push_cube").env.eval.seed
+    seed = compose(RL_CONFIG).env.eval.seed
     states = ResetStates(None, episodes, seed)  # a fresh eval env's first episode in each of its envs
     seeds = set(states.ids(np.arange(episodes), np.zeros(episodes, int))[0].tolist())
     demo_seeds = {e["episode_seed"] for e in json.loads(demo_file.with_suffix(".json").read_text())["episodes"]}
@@ -179,8 +188,7 @@ def main() -> None:
         name = f"rl_{variant}"
         try:
             steps = args.rl_steps if variant == "ppo" or args.variant_steps is None else args.variant_steps
-            run = embodied("train", ["--config-name", "maniskill_ppo_openvla_oft_push_cube", *CONTROL,
-                                     f"actor.model.model_path={ckpt / 'actor' / 'model'}", "actor.model.action_dim=4",
+            run = embodied("train", ["--config-name", RL_CONFIG, *rl_overrides(ckpt / "actor" / "model"),
                                      f"runner.output_dir={out}", f"runner.experiment_name={name}",
                                      f"runner.max_epochs={steps}", f"runner.save_interval={steps}",
                                      *extra, *args.override], out / f"{name}.log")
