@@ -6,12 +6,14 @@ its last full block. This runs the kept side of ``agent_rollout.py`` (64 episode
 256-token prompt, 32 generated and 160 observed tokens a turn, the 65M Qwen2 shape, greedy) on an
 engine of each block size in turn, ``--repeats`` times (a fresh engine each time), and reports per
 block the tokens prefilled per episode (the engine's own count of cached prompt tokens) and the
-median wall time of turns 2-4, where the prefix cache is in play.
+median wall time of turns 2-4, where the prefix cache is in play. The math runs' shape is timed on
+the same engines: one turn of 32 prompts of 48 tokens, 8 samples each (seeded), 64 new tokens
+(decoded 64 at a time, the engines' ``max_running_requests`` here).
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/kv_blocks.py [--repeats 3]
 
-The last line is JSON with each block's ``prefilled_tokens`` and ``turns_2_4_s``, and ``ratio``
-(128's time over 64's).
+The last line is JSON with each block's ``prefilled_tokens``, ``turns_2_4_s`` and
+``single_turn_s``, and ``ratio`` and ``single_turn_ratio`` (128's time over 64's).
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def rollout(llm, vocab: int, rng: np.random.Generator) -> tuple[int, float]:
     return prefilled // EPISODES, later
 
 
+def single_turn(llm, vocab: int, rng: np.random.Generator) -> float:
+    """Seconds of one math-shaped rollout: short prompts, groups of sampled responses."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=rng.integers(2, vocab, 48).tolist()) for _ in range(32)]
+    params = [SamplingParams(n=8, max_tokens=64, min_tokens=64, temperature=1.0, ignore_eos=True, detokenize=False,
+                             logprobs=0, seed=row) for row in range(32)]
+    tic = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - tic
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -73,7 +88,7 @@ def main() -> None:
     import policies.engines.vllm as vllm_engine
 
     torch.set_num_threads(args.threads)
-    figures: dict[int, dict] = {block: {"prefilled_tokens": None, "times": []} for block in BLOCKS}
+    figures: dict[int, dict] = {block: {"prefilled_tokens": None, "times": [], "single": []} for block in BLOCKS}
     with tempfile.TemporaryDirectory() as root:
         tokenizer = write_model(Path(root))
         cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(PROMPT))
@@ -85,15 +100,20 @@ def main() -> None:
                 assert engine.llm.llm_engine.vllm_config.cache_config.block_size == block
                 warm_up(engine.llm)
                 prefilled, seconds = rollout(engine.llm, len(tokenizer), np.random.default_rng(repeat))
+                single = single_turn(engine.llm, len(tokenizer), np.random.default_rng(repeat))
                 engine.shutdown()
                 figures[block]["prefilled_tokens"] = prefilled
                 figures[block]["times"].append(seconds)
+                figures[block]["single"].append(single)
                 print(f"repeat {repeat}: block {block}: {prefilled} tokens prefilled per episode, "
-                      f"turns 2-4 in {seconds:.1f} s", flush=True)
+                      f"turns 2-4 in {seconds:.1f} s; single turn in {single:.1f} s", flush=True)
     result = {f"block_{block}": {"prefilled_tokens": f["prefilled_tokens"],
-                                 "turns_2_4_s": round(statistics.median(f["times"]), 1)}
+                                 "turns_2_4_s": round(statistics.median(f["times"]), 1),
+                                 "single_turn_s": round(statistics.median(f["single"]), 1)}
               for block, f in figures.items()}
-    result["ratio"] = round(result["block_128"]["turns_2_4_s"] / result["block_64"]["turns_2_4_s"], 2)
+    old, new = result["block_128"], result["block_64"]
+    result["ratio"] = round(old["turns_2_4_s"] / new["turns_2_4_s"], 2)
+    result["single_turn_ratio"] = round(old["single_turn_s"] / new["single_turn_s"], 2)
     print(json.dumps(result))
 
 
