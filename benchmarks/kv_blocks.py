@@ -1,5 +1,5 @@
 """The KV cache block of the vLLM engine on a CPU, for multi-turn episodes: vLLM's CPU default
-of 128 tokens against the framework's 64 (``policies/engines/vllm.py``, ``CPU_BLOCK``).
+of 128 tokens (the framework's, ``policies/engines/vllm.py``, ``CPU_BLOCK``) against 64.
 
 The prefix cache reuses whole blocks only, so each turn of an episode recomputes the tokens after
 its last full block. This runs the kept side of ``agent_rollout.py`` (64 episodes of 4 turns, a
