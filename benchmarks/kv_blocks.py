@@ -111,7 +111,7 @@ def main() -> None:
                                  "turns_2_4_s": round(statistics.median(f["times"]), 1),
                                  "single_turn_s": round(statistics.median(f["single"]), 1)}
               for block, f in figures.items()}
-    old, new = result["block_128"], result["block_64"]
+    old, new = (result[f"block_{block}"] for block in BLOCKS)
     result["ratio"] = round(old["turns_2_4_s"] / new["turns_2_4_s"], 2)
     result["single_turn_ratio"] = round(old["single_turn_s"] / new["single_turn_s"], 2)
     print(json.dumps(result))
