@@ -1,5 +1,6 @@
-"""The KV cache block of the vLLM engine on a CPU, for multi-turn episodes: vLLM's CPU default
-of 128 tokens (the framework's, ``policies/engines/vllm.py``, ``CPU_BLOCK``) against 64.
+"""The KV cache block of the vLLM engine on a CPU: vLLM's CPU default of 128 tokens against the
+framework's (``policies/engines/vllm.py``, ``CPU_BLOCK``: 32, the smallest block vLLM's CPU
+attention takes).
 
 The prefix cache reuses whole blocks only, so each turn of an episode recomputes the tokens after
 its last full block. This runs the kept side of ``agent_rollout.py`` (64 episodes of 4 turns, a
@@ -8,12 +9,13 @@ engine of each block size in turn, ``--repeats`` times (a fresh engine each time
 block the tokens prefilled per episode (the engine's own count of cached prompt tokens) and the
 median wall time of turns 2-4, where the prefix cache is in play. The math runs' shape is timed on
 the same engines: one turn of 32 prompts of 48 tokens, 8 samples each (seeded), 64 new tokens
-(decoded 64 at a time, the engines' ``max_running_requests`` here).
+(decoded 64 at a time, the engines' ``max_running_requests`` here); a group's samples share the
+prompt's full blocks through the same prefix cache.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/kv_blocks.py [--repeats 3]
 
 The last line is JSON with each block's ``prefilled_tokens``, ``turns_2_4_s`` and
-``single_turn_s``, and ``ratio`` and ``single_turn_ratio`` (128's time over 64's).
+``single_turn_s``, and ``ratio`` and ``single_turn_ratio`` (128's time over ``CPU_BLOCK``'s).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.agent_rollout import EPISODES, OBSERVATION, PROMPT, RESPONSE, TURNS, width, write_model  # noqa: E402
 from benchmarks.generation import model_cfg  # noqa: E402
+from policies.engines.vllm import CPU_BLOCK  # noqa: E402
 
-BLOCKS = (128, 64)
+BLOCKS = (128, CPU_BLOCK)
 
 
 def warm_up(llm) -> None:

