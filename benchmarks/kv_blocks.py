@@ -10,12 +10,15 @@ block the tokens prefilled per episode (the engine's own count of cached prompt 
 median wall time of turns 2-4, where the prefix cache is in play. The math runs' shape is timed on
 the same engines: one turn of 32 prompts of 48 tokens, 8 samples each (seeded), 64 new tokens
 (decoded 64 at a time, the engines' ``max_running_requests`` here); a group's samples share the
-prompt's full blocks through the same prefix cache.
+prompt's full blocks through the same prefix cache. And the prefill of prompts seen for the first
+time (the re-encoded side's work in ``agent_rollout.py``): 64 prompts of 448 tokens, one new
+token each, the prefix cache emptied first.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/kv_blocks.py [--repeats 3]
 
-The last line is JSON with each block's ``prefilled_tokens``, ``turns_2_4_s`` and
-``single_turn_s``, and ``ratio`` and ``single_turn_ratio`` (128's time over ``CPU_BLOCK``'s).
+The last line is JSON with each block's ``prefilled_tokens``, ``turns_2_4_s``, ``single_turn_s``
+and ``fresh_prefill_s``, and ``ratio``, ``single_turn_ratio`` and ``fresh_prefill_ratio`` (128's
+time over ``CPU_BLOCK``'s).
 """
 
 from __future__ import annotations
@@ -83,6 +86,19 @@ def single_turn(llm, vocab: int, rng: np.random.Generator) -> float:
     return time.perf_counter() - tic
 
 
+def fresh_prefill(llm, vocab: int, rng: np.random.Generator) -> float:
+    """Seconds to prefill prompts that nothing in the cache shares: the block's cost without its reuse."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    length = PROMPT + RESPONSE + OBSERVATION
+    prompts = [TokensPrompt(prompt_token_ids=rng.integers(2, vocab, length).tolist()) for _ in range(EPISODES)]
+    llm.reset_prefix_cache()
+    tic = time.perf_counter()
+    llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
+    return time.perf_counter() - tic
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -91,7 +107,8 @@ def main() -> None:
     import policies.engines.vllm as vllm_engine
 
     torch.set_num_threads(args.threads)
-    figures: dict[int, dict] = {block: {"prefilled_tokens": None, "times": [], "single": []} for block in BLOCKS}
+    figures: dict[int, dict] = {block: {"prefilled_tokens": None, "times": [], "single": [], "fresh": []}
+                                for block in BLOCKS}
     with tempfile.TemporaryDirectory() as root:
         tokenizer = write_model(Path(root))
         cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(PROMPT))
@@ -104,19 +121,23 @@ def main() -> None:
                 warm_up(engine.llm)
                 prefilled, seconds = rollout(engine.llm, len(tokenizer), np.random.default_rng(repeat))
                 single = single_turn(engine.llm, len(tokenizer), np.random.default_rng(repeat))
+                fresh = fresh_prefill(engine.llm, len(tokenizer), np.random.default_rng(repeat))
                 engine.shutdown()
                 figures[block]["prefilled_tokens"] = prefilled
                 figures[block]["times"].append(seconds)
                 figures[block]["single"].append(single)
-                print(f"repeat {repeat}: block {block}: {prefilled} tokens prefilled per episode, "
-                      f"turns 2-4 in {seconds:.1f} s; single turn in {single:.1f} s", flush=True)
+                figures[block]["fresh"].append(fresh)
+                print(f"repeat {repeat}: block {block}: {prefilled} tokens prefilled per episode, turns 2-4 in "
+                      f"{seconds:.1f} s; single turn in {single:.1f} s; fresh prefill in {fresh:.1f} s", flush=True)
     result = {f"block_{block}": {"prefilled_tokens": f["prefilled_tokens"],
                                  "turns_2_4_s": round(statistics.median(f["times"]), 1),
-                                 "single_turn_s": round(statistics.median(f["single"]), 1)}
+                                 "single_turn_s": round(statistics.median(f["single"]), 1),
+                                 "fresh_prefill_s": round(statistics.median(f["fresh"]), 1)}
               for block, f in figures.items()}
     old, new = (result[f"block_{block}"] for block in BLOCKS)
     result["ratio"] = round(old["turns_2_4_s"] / new["turns_2_4_s"], 2)
     result["single_turn_ratio"] = round(old["single_turn_s"] / new["single_turn_s"], 2)
+    result["fresh_prefill_ratio"] = round(old["fresh_prefill_s"] / new["fresh_prefill_s"], 2)
     print(json.dumps(result))
 
 

@@ -390,7 +390,8 @@ def test_a_prompt_seen_before_is_recomputed_only_past_its_last_32_token_block(lo
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompt = TokensPrompt(prompt_token_ids=torch.randint(2, 90, (200,), generator=torch.Generator().manual_seed(1)).tolist())
+    ids = torch.randint(2, 90, (200,), generator=torch.Generator().manual_seed(1))
+    prompt = TokensPrompt(prompt_token_ids=ids.tolist())
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     first, = long_engine.llm.generate([prompt], params, use_tqdm=False)
     again, = long_engine.llm.generate([prompt], params, use_tqdm=False)
