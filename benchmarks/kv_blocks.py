@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.agent_rollout import EPISODES, OBSERVATION, PROMPT, RESPONSE, TURNS, width, write_model  # noqa: E402
 from benchmarks.generation import model_cfg  # noqa: E402
-from policies.engines.vllm import CPU_BLOCK  # noqa: E402
+import policies.engines.vllm as vllm_engine  # noqa: E402
 
-BLOCKS = (128, CPU_BLOCK)
+BLOCKS = (128, vllm_engine.CPU_BLOCK)
 
 
 def warm_up(llm) -> None:
@@ -104,7 +104,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    import policies.engines.vllm as vllm_engine
 
     torch.set_num_threads(args.threads)
     figures: dict[int, dict] = {block: {"prefilled_tokens": None, "times": [], "single": [], "fresh": []}
