@@ -13,7 +13,10 @@ with 160 tokens (a tool's output), so turn 4 sees 832 tokens of history (at 256)
 turn, ``--repeats`` times; the ratio is of the median generated tokens/s (all 4 turns' wall
 time, re-encoding included).
 
-    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2] [--prompt 256]
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2] [--prompt 256] [--compile]
+
+``--compile`` runs the engine as a run's config does by default (``rollout.enforce_eager: false``,
+vLLM's compiled graphs) instead of eager.
 
 The last line is JSON with ``kept_tokens_per_s``, ``reencoded_tokens_per_s`` and ``ratio``.
 """
@@ -87,6 +90,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (a system prompt with tool descriptions)")
+    parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager false (compiled graphs)")
     args = parser.parse_args()
     from policies.engines.vllm import VLLMCausalLM
 
@@ -94,7 +98,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         tokenizer = write_model(Path(root))
         cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(args.prompt))
-        engine = VLLMCausalLM(cfg, {"enforce_eager": True, "max_running_requests": EPISODES}, cpu_threads=args.threads)
+        engine = VLLMCausalLM(cfg, {"enforce_eager": not args.compile, "max_running_requests": EPISODES}, cpu_threads=args.threads)
         episodes(engine, tokenizer, np.random.default_rng(99), True, args.prompt)  # warm-up
         rates = {"kept": [], "reencoded": []}
         for repeat in range(args.repeats):
@@ -107,7 +111,8 @@ def main() -> None:
     kept, reencoded = statistics.median(rates["kept"]), statistics.median(rates["reencoded"])
     print(json.dumps({"kept_tokens_per_s": round(kept), "reencoded_tokens_per_s": round(reencoded),
                       "ratio": round(kept / reencoded, 2), "episodes": EPISODES, "turns": TURNS,
-                      "prompt_tokens": args.prompt, "history_tokens_at_last_turn": width(args.prompt)}))
+                      "prompt_tokens": args.prompt, "history_tokens_at_last_turn": width(args.prompt),
+                      "vllm_compiled": args.compile}))
 
 
 if __name__ == "__main__":
